@@ -1,0 +1,90 @@
+"""The engine interface (DESIGN.md, "Engine"): one contract for vLLM, embedded and remote.
+
+An engine samples completions token-exactly: the ids and log-probs it returns are the
+ones it sampled, so the learner can recompute log-probs on the very same ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = Mapping[str, Any]
+ToolSchema = Mapping[str, Any]
+
+BASE = None
+"""The `adapter` argument that switches the adapter off: the base model (self-judge, teacher)."""
+POLICY = "policy"
+"""The adapter name the trainer publishes to and the proxy serves by default."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion."""
+
+    temperature: float = 0.6
+    """0 means greedy."""
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 10.0:
+            raise ValueError(f"temperature must be in [0, 10], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled assistant reply, token-exact."""
+
+    message: Mapping[str, Any]
+    """The assistant message: role, content and, when the model called tools, tool_calls."""
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    completion_logprobs: tuple[float, ...]
+    finish_reason: str
+    """"stop", "length" or "tool_calls", as in OpenAI's API."""
+    policy_version: int
+    """The adapter version that sampled it (0 for the base model)."""
+    text: str = ""
+    """The raw decoded completion, markup included."""
+    usage: Mapping[str, int] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """What every engine backend provides."""
+
+    @property
+    def policy_version(self) -> int:
+        """The adapter version `adapter=POLICY` currently serves (0: none loaded yet)."""
+        ...
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Completion:
+        """Samples one assistant reply to `messages`."""
+        ...
+
+    def score(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+    ) -> list[float]:
+        """Log-prob of each completion token after the prompt."""
+        ...
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Serves the LoRA adapter at `path` as version `version` of the policy."""
+        ...
+
+    def close(self) -> None:
+        """Releases the engine's resources; idempotent."""
+        ...

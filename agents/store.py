@@ -1,0 +1,478 @@
+"""The trajectory store: one SQLite file per run, in WAL mode.
+
+Every write is its own committed transaction, so a turn returned by `add_turn` survives a
+crash of the writing process (SIGKILL included): readers reopen the file and find it.
+Several threads (each gets its own connection) and several processes may write at once;
+SQLite serialises the writers and `busy_timeout` makes them wait instead of failing.
+
+`synchronous=NORMAL` (the default) survives any process crash; `FULL` also survives a
+power cut at the cost of an fsync per commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnStatus, TurnType
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    env_id TEXT NOT NULL,
+    task_id TEXT,
+    group_id TEXT,
+    outcome_reward REAL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    metadata TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS turns (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    turn_type TEXT NOT NULL,
+    prompt_messages TEXT NOT NULL,
+    prompt_token_ids BLOB NOT NULL,
+    completion_token_ids BLOB NOT NULL,
+    completion_logprobs BLOB NOT NULL,
+    completion TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    next_state TEXT,
+    env_reward REAL,
+    votes TEXT,
+    score REAL,
+    hint TEXT,
+    teacher_logprobs BLOB,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (session_id, idx)
+);
+CREATE INDEX IF NOT EXISTS turns_by_status ON turns (status, seq);
+CREATE INDEX IF NOT EXISTS sessions_by_group ON sessions (group_id);
+"""
+
+_IDS = np.dtype("<i4")
+_LOGPROBS = np.dtype("<f8")  # exact round trip of Python floats
+
+
+def _pack(values: Sequence[float] | Sequence[int] | None, dtype: np.dtype) -> bytes | None:
+    return None if values is None else np.asarray(values, dtype=dtype).tobytes()
+
+
+def _unpack_ids(blob: bytes) -> tuple[int, ...]:
+    return tuple(int(v) for v in np.frombuffer(blob, dtype=_IDS))
+
+
+def _unpack_logprobs(blob: bytes | None) -> tuple[float, ...] | None:
+    return None if blob is None else tuple(float(v) for v in np.frombuffer(blob, dtype=_LOGPROBS))
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class Store:
+    """Turns and sessions of one run in one SQLite file.
+
+    Args:
+        path: the database file; created with its schema if missing.
+        synchronous: SQLite's durability level, "NORMAL" or "FULL" (see module docstring).
+        busy_timeout_s: how long a writer waits for another writer's lock.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        busy_timeout_s: float = 60.0,
+    ):
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._synchronous = synchronous
+        self._busy_timeout_ms = int(busy_timeout_s * 1000)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._db().executescript(_SCHEMA)  # idempotent; executescript commits on its own
+        with self._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        found = int(
+            self._db().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+        )
+        if found != SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.path} has store schema {found}; this clawgym reads {SCHEMA_VERSION}"
+            )
+
+    # -- connections ---------------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        if self._closed:
+            raise RuntimeError(f"store {self.path} is closed")
+        db = getattr(self._local, "db", None)
+        if db is None:
+            # One connection per thread; check_same_thread is off only so close() can
+            # close every thread's connection from the thread that owns the store.
+            db = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                timeout=self._busy_timeout_ms / 1000,
+                check_same_thread=False,
+            )
+            db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            db.row_factory = sqlite3.Row
+            self._local.db = db
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    def _write(self) -> _Transaction:
+        return _Transaction(self._db())
+
+    def close(self) -> None:
+        """Closes every connection this store opened; idempotent."""
+        with self._lock:
+            self._closed = True
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions ------------------------------------------------------------------------
+    def add_session(self, session: Session) -> None:
+        """Records a session (without its turns); an existing id is an error."""
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session.session_id,
+                    session.env_id,
+                    session.task_id,
+                    session.group_id,
+                    session.outcome_reward,
+                    str(session.status),
+                    session.created_at,
+                    json.dumps(dict(session.metadata)),
+                ),
+            )
+
+    def finish_session(
+        self,
+        session_id: str,
+        outcome_reward: float | None = None,
+        status: SessionStatus = SessionStatus.DONE,
+    ) -> None:
+        """Closes a session with its outcome reward."""
+        with self._write() as db:
+            found = db.execute(
+                "UPDATE sessions SET status=?, outcome_reward=COALESCE(?, outcome_reward) "
+                "WHERE session_id=?",
+                (str(status), outcome_reward, session_id),
+            ).rowcount
+        if not found:
+            raise KeyError(f"no session {session_id!r} in {self.path}")
+
+    def session(self, session_id: str) -> Session:
+        """A session with all its turns, in order."""
+        row = (
+            self._db()
+            .execute("SELECT * FROM sessions WHERE session_id=?", (session_id,))
+            .fetchone()
+        )
+        if row is None:
+            raise KeyError(f"no session {session_id!r} in {self.path}")
+        turns = self._db().execute(
+            "SELECT * FROM turns WHERE session_id=? ORDER BY idx", (session_id,)
+        )
+        return _session_from_row(row, tuple(_turn_from_row(t) for t in turns))
+
+    def sessions(self, status: SessionStatus | None = None) -> list[Session]:
+        """Every session (without turns), oldest first."""
+        query, args = "SELECT * FROM sessions", tuple[str, ...]()
+        if status is not None:
+            query, args = query + " WHERE status=?", (str(status),)
+        return [
+            _session_from_row(r, ())
+            for r in self._db().execute(query + " ORDER BY created_at", args)
+        ]
+
+    # -- turns ---------------------------------------------------------------------------
+    def add_turn(self, turn: Turn) -> int:
+        """Commits a turn and returns its sequence number (a cursor for readers)."""
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO turns (session_id, idx, turn_type, prompt_messages, prompt_token_ids, "
+                "completion_token_ids, completion_logprobs, completion, policy_version, "
+                "next_state, "
+                "env_reward, votes, score, hint, teacher_logprobs, status, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _turn_values(turn),
+            )
+        return int(cursor.lastrowid or 0)
+
+    def set_next_state(
+        self,
+        session_id: str,
+        index: int,
+        next_state: Sequence[Any],
+        env_reward: float | None = None,
+    ) -> None:
+        """Fills a turn's next state once the following messages arrive, with the
+        environment's reward for the turn when there is one."""
+        self._update_turn(
+            session_id,
+            index,
+            "next_state=?, env_reward=COALESCE(?, env_reward)",
+            (_json(list(next_state)), env_reward),
+        )
+
+    def set_judgement(self, session_id: str, index: int, judgement: Judgement) -> None:
+        """Records the judge's verdict and moves the turn to `judged`."""
+        self._update_turn(
+            session_id,
+            index,
+            "votes=?, score=?, hint=?, teacher_logprobs=?, status=?",
+            (
+                _json(list(judgement.votes)),
+                judgement.score,
+                judgement.hint,
+                _pack(judgement.teacher_logprobs, _LOGPROBS),
+                str(TurnStatus.JUDGED),
+            ),
+        )
+
+    def mark_trained(self, seqs: Iterable[int]) -> None:
+        """Moves turns to `trained`, all in one transaction."""
+        with self._write() as db:
+            db.executemany(
+                "UPDATE turns SET status=? WHERE seq=?",
+                [(str(TurnStatus.TRAINED), s) for s in seqs],
+            )
+
+    def _update_turn(
+        self, session_id: str, index: int, assignments: str, values: tuple[Any, ...]
+    ) -> None:
+        with self._write() as db:
+            found = db.execute(
+                f"UPDATE turns SET {assignments} WHERE session_id=? AND idx=?",
+                (*values, session_id, index),
+            ).rowcount
+        if not found:
+            raise KeyError(f"no turn {session_id!r}/{index} in {self.path}")
+
+    def turns(
+        self,
+        status: TurnStatus | None = None,
+        turn_type: TurnType | None = None,
+        after_seq: int = 0,
+        limit: int | None = None,
+    ) -> list[tuple[int, Turn]]:
+        """Turns as (seq, turn) in commit order, filtered; `after_seq` pages through them."""
+        clauses, args = ["seq > ?"], list[int | str]([after_seq])
+        if status is not None:
+            clauses.append("status = ?")
+            args.append(str(status))
+        if turn_type is not None:
+            clauses.append("turn_type = ?")
+            args.append(str(turn_type))
+        query = f"SELECT * FROM turns WHERE {' AND '.join(clauses)} ORDER BY seq"
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        return [(int(r["seq"]), _turn_from_row(r)) for r in self._db().execute(query, args)]
+
+    def count_turns(self, status: TurnStatus | None = None) -> int:
+        """How many turns the store holds (with a given status)."""
+        if status is None:
+            return int(self._db().execute("SELECT COUNT(*) FROM turns").fetchone()[0])
+        return int(
+            self._db()
+            .execute("SELECT COUNT(*) FROM turns WHERE status=?", (str(status),))
+            .fetchone()[0]
+        )
+
+    # -- export --------------------------------------------------------------------------
+    def iter_rows(self, status: TurnStatus | None = None) -> Iterator[dict[str, Any]]:
+        """Flat rows, one per turn, joined with their session, for analysis and SFT."""
+        query = (
+            "SELECT t.seq, s.env_id, s.task_id, s.group_id, s.outcome_reward, t.* FROM turns t "
+            "JOIN sessions s USING (session_id)"
+        )
+        args: tuple[Any, ...] = ()
+        if status is not None:
+            query, args = query + " WHERE t.status=?", (str(status),)
+        for row in self._db().execute(query + " ORDER BY t.seq", args):
+            turn = _turn_from_row(row)
+            judgement = turn.judgement or Judgement()
+            yield {
+                "seq": int(row["seq"]),
+                "session_id": turn.session_id,
+                "env_id": row["env_id"],
+                "task_id": row["task_id"],
+                "group_id": row["group_id"],
+                "outcome_reward": row["outcome_reward"],
+                "index": turn.index,
+                "turn_type": str(turn.turn_type),
+                "prompt_messages": json.dumps(list(turn.prompt_messages)),
+                "prompt_token_ids": list(turn.prompt_token_ids),
+                "completion_token_ids": list(turn.completion_token_ids),
+                "completion_logprobs": list(turn.completion_logprobs),
+                "completion": json.dumps(turn.completion),
+                "policy_version": turn.policy_version,
+                "next_state": None
+                if turn.next_state is None
+                else json.dumps(list(turn.next_state)),
+                "env_reward": turn.env_reward,
+                "votes": list(judgement.votes),
+                "score": judgement.score if turn.judgement else None,
+                "hint": judgement.hint,
+                "teacher_logprobs": None
+                if judgement.teacher_logprobs is None
+                else list(judgement.teacher_logprobs),
+                "status": str(turn.status),
+                "created_at": turn.created_at,
+            }
+
+    def export_parquet(self, path: str | Path, status: TurnStatus | None = None) -> Path:
+        """Writes the turns as a Hugging Face `datasets` parquet file; returns its path."""
+        import datasets  # heavy: only exports need it
+
+        rows = list(self.iter_rows(status))
+        if not rows:
+            raise ValueError(f"no turns to export from {self.path}")
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        datasets.Dataset.from_list(rows, features=_export_features()).to_parquet(str(target))
+        return target
+
+
+class _Transaction:
+    """`BEGIN IMMEDIATE` ... `COMMIT`: takes the write lock up front, so two writers never
+    deadlock upgrading a read lock, and rolls back on error."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _turn_values(turn: Turn) -> tuple[Any, ...]:
+    judgement = turn.judgement
+    return (
+        turn.session_id,
+        turn.index,
+        str(turn.turn_type),
+        json.dumps(list(turn.prompt_messages)),
+        _pack(turn.prompt_token_ids, _IDS),
+        _pack(turn.completion_token_ids, _IDS),
+        _pack(turn.completion_logprobs, _LOGPROBS),
+        json.dumps(turn.completion),
+        turn.policy_version,
+        _json(None if turn.next_state is None else list(turn.next_state)),
+        turn.env_reward,
+        _json(None if judgement is None else list(judgement.votes)),
+        None if judgement is None else judgement.score,
+        None if judgement is None else judgement.hint,
+        None if judgement is None else _pack(judgement.teacher_logprobs, _LOGPROBS),
+        str(turn.status),
+        turn.created_at,
+    )
+
+
+def _turn_from_row(row: sqlite3.Row) -> Turn:
+    judgement = None
+    if row["votes"] is not None:
+        judgement = Judgement(
+            votes=tuple(json.loads(row["votes"])),
+            score=float(row["score"]),
+            hint=row["hint"],
+            teacher_logprobs=_unpack_logprobs(row["teacher_logprobs"]),
+        )
+    next_state = row["next_state"]
+    return Turn(
+        session_id=row["session_id"],
+        index=int(row["idx"]),
+        turn_type=TurnType(row["turn_type"]),
+        prompt_messages=tuple(json.loads(row["prompt_messages"])),
+        prompt_token_ids=_unpack_ids(row["prompt_token_ids"]),
+        completion_token_ids=_unpack_ids(row["completion_token_ids"]),
+        completion_logprobs=_unpack_logprobs(row["completion_logprobs"]) or (),
+        completion=json.loads(row["completion"]),
+        policy_version=int(row["policy_version"]),
+        next_state=None if next_state is None else tuple(json.loads(next_state)),
+        env_reward=row["env_reward"],
+        judgement=judgement,
+        status=TurnStatus(row["status"]),
+        created_at=float(row["created_at"]),
+    )
+
+
+def _session_from_row(row: sqlite3.Row, turns: tuple[Turn, ...]) -> Session:
+    return Session(
+        session_id=row["session_id"],
+        env_id=row["env_id"],
+        task_id=row["task_id"],
+        group_id=row["group_id"],
+        turns=turns,
+        outcome_reward=row["outcome_reward"],
+        status=SessionStatus(row["status"]),
+        created_at=float(row["created_at"]),
+        metadata=json.loads(row["metadata"]),
+    )
+
+
+def _export_features() -> Any:
+    import datasets
+
+    value, seq = datasets.Value, datasets.List
+    return datasets.Features(
+        {
+            "seq": value("int64"),
+            "session_id": value("string"),
+            "env_id": value("string"),
+            "task_id": value("string"),
+            "group_id": value("string"),
+            "outcome_reward": value("float64"),
+            "index": value("int32"),
+            "turn_type": value("string"),
+            "prompt_messages": value("string"),
+            "prompt_token_ids": seq(value("int32")),
+            "completion_token_ids": seq(value("int32")),
+            "completion_logprobs": seq(value("float64")),
+            "completion": value("string"),
+            "policy_version": value("int32"),
+            "next_state": value("string"),
+            "env_reward": value("float64"),
+            "votes": seq(value("int8")),
+            "score": value("float64"),
+            "hint": value("string"),
+            "teacher_logprobs": seq(value("float64")),
+            "status": value("string"),
+            "created_at": value("float64"),
+        }
+    )

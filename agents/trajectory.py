@@ -1,0 +1,121 @@
+"""Trajectory records: the `Turn` the trainer learns from and the `Session` it belongs to.
+
+A session is one episode or one live conversation; each assistant reply is a turn, and
+whatever follows it (a user's reply, a tool result, a test verdict) is its next state.
+Token ids and log-probs are the sampling engine's own; nothing here is re-tokenized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = Mapping[str, Any]
+
+
+class TurnType(enum.StrEnum):
+    """`main` turns are trained; `side` turns (memory flushes, heartbeats) are only served."""
+
+    MAIN = "main"
+    SIDE = "side"
+
+
+class TurnStatus(enum.StrEnum):
+    """Where a turn is in the pipeline: collected -> judged -> trained."""
+
+    COLLECTED = "collected"
+    JUDGED = "judged"
+    TRAINED = "trained"
+
+
+class SessionStatus(enum.StrEnum):
+    """`open` while turns may still arrive; `done` once closed; `failed` if it broke."""
+
+    OPEN = "open"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the judge adds to a turn."""
+
+    votes: tuple[int, ...] = ()
+    """Each valid vote: +1, -1 or 0."""
+    score: float = 0.0
+    """The majority, or 0 on a tie / no valid vote (the turn is then masked)."""
+    hint: str | None = None
+    """The accepted OPD hint, if any."""
+    teacher_logprobs: tuple[float, ...] | None = None
+    """Log-probs of the completion tokens under the hint-augmented teacher context."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant reply, token-exact, with its next state and judgement."""
+
+    session_id: str
+    index: int
+    """Position among the session's turns, from 0."""
+    turn_type: TurnType
+    prompt_messages: tuple[Message, ...]
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    completion_logprobs: tuple[float, ...]
+    """Log-prob of each completion token under the policy that sampled it."""
+    completion: Message
+    """The assistant message: role, content and tool_calls."""
+    policy_version: int
+    """The adapter version that sampled this turn (0 is the base model)."""
+    next_state: tuple[Message, ...] | None = None
+    """The messages that followed this reply; None until they arrive."""
+    env_reward: float | None = None
+    judgement: Judgement | None = None
+    status: TurnStatus = TurnStatus.COLLECTED
+    created_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if len(self.completion_logprobs) != len(self.completion_token_ids):
+            raise ValueError(
+                f"turn {self.session_id}/{self.index}: {len(self.completion_logprobs)} log-probs "
+                f"for {len(self.completion_token_ids)} completion tokens; the engine must "
+                "return one log-prob per sampled token"
+            )
+        if self.index < 0:
+            raise ValueError(f"turn index must be >= 0, got {self.index}")
+
+    def replace(self, **changes: Any) -> Turn:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Session:
+    """An episode or a live conversation: its turns share a session id.
+
+    Rollouts of the same task in the same batch share `group_id`: the GRPO baseline is
+    taken over a group.
+    """
+
+    session_id: str
+    env_id: str
+    task_id: str | None = None
+    group_id: str | None = None
+    turns: tuple[Turn, ...] = ()
+    outcome_reward: float | None = None
+    status: SessionStatus = SessionStatus.OPEN
+    created_at: float = field(default_factory=time.time)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> Session:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def as_tuple(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
+    """Tuples for record fields given lists (for example decoded JSON)."""
+    return None if values is None else tuple(values)

@@ -1,0 +1,302 @@
+"""The environment contract every clawgym env follows (DESIGN.md, "Environment").
+
+An episode is a conversation. `reset` returns the first messages the agent sees and, in
+`info["tools"]`, the OpenAI tool schemas it may call; `step` takes one assistant message
+(OpenAI format, or a plain string as its content) and returns the new user / tool messages.
+
+A subclass implements a few hooks: `task_ids`, `_load_task`, `_first_messages`, `_tools`
+and, when plain-text replies mean something, `_on_reply`. The base class parses actions,
+validates tool calls, turns every mistake into an error observation that uses up a turn,
+and keeps `terminated` (the task ended) apart from `truncated` (the turn budget ran out).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from envs.tools import Tool, ToolCallError
+
+Message = dict[str, Any]
+Action = Message | str
+
+ERROR_PREFIX = "[error] "
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool returns when it does more than produce text."""
+
+    content: str
+    reward: float = 0.0
+    terminated: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The environment's answer to an assistant message without tool calls."""
+
+    messages: tuple[Message, ...]
+    reward: float = 0.0
+    terminated: bool = False
+
+
+class MessagesSpace(gym.Space[list[Message]]):
+    """Lists of chat messages: what an `AgentEnv` observes."""
+
+    def __init__(self, seed: int | np.random.Generator | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, list) and all(
+            isinstance(m, dict)
+            and m.get("role") in _ROLES
+            and isinstance(m.get("content"), str | list | type(None))
+            for m in x
+        )
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        return [{"role": "user", "content": _random_text(self.np_random)}]
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MessagesSpace)
+
+
+class AssistantActionSpace(gym.Space[Action]):
+    """Assistant messages. Samples are deliberately rough (unknown tools, bad JSON, plain
+    text) so that random agents exercise an env's error paths."""
+
+    def __init__(self, tool_names: Sequence[str] = (), seed: int | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.tool_names = tuple(tool_names)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) or (isinstance(x, dict) and x.get("role") == "assistant")
+
+    def sample(self, mask: Any = None, probability: Any = None) -> Action:
+        rng = self.np_random
+        kind = int(rng.integers(3))
+        if kind == 0:
+            return _random_text(rng)
+        names = [*self.tool_names, "no_such_tool"]
+        name = names[int(rng.integers(len(names)))]
+        arguments = _random_text(rng) if kind == 1 else json.dumps({"x": _random_text(rng)})
+        call = {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AssistantActionSpace) and other.tool_names == self.tool_names
+
+
+def _random_text(rng: np.random.Generator) -> str:
+    alphabet = string.ascii_letters + string.digits + ' {}":,'
+    return "".join(alphabet[i] for i in rng.integers(len(alphabet), size=int(rng.integers(1, 24))))
+
+
+def error_message(text: str) -> Message:
+    """A user-role message telling the agent what went wrong with its last action."""
+    return {"role": "user", "content": ERROR_PREFIX + text}
+
+
+class AgentEnv(gym.Env[list[Message], Action]):
+    """Base class of every clawgym environment; see the module docstring for the hooks.
+
+    Args:
+        max_turns: assistant messages allowed per episode; the episode is truncated after.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, *, max_turns: int = 10):
+        if max_turns < 2:
+            raise ValueError(f"max_turns must be at least 2, got {max_turns}")
+        self.max_turns = max_turns
+        self.observation_space = MessagesSpace()
+        self.action_space = AssistantActionSpace()
+        self.task_id: str | None = None
+        self._turn = 0
+        self._finished = True
+        self._tool_index: dict[str, Tool] = {}
+
+    # -- hooks -------------------------------------------------------------------------
+    def task_ids(self) -> Sequence[str]:
+        """Ids of the tasks this env instance draws from (its split)."""
+        raise NotImplementedError
+
+    def _load_task(self, task_id: str) -> None:
+        """Prepares the episode for one task (sandboxes, pages, simulated users...)."""
+        raise NotImplementedError
+
+    def _first_messages(self) -> list[Message]:
+        """The messages that open the episode."""
+        raise NotImplementedError
+
+    def _tools(self) -> Sequence[Tool]:
+        """The tools of the current task."""
+        return ()
+
+    def _on_reply(self, content: str) -> Reply:
+        """Handles an assistant message without tool calls. By default it nudges."""
+        names = ", ".join(self._tool_index) or "no tools"
+        return Reply((error_message(f"no tool was called; the tools are: {names}"),))
+
+    def _info(self) -> dict[str, Any]:
+        """Extra info of the current task; must be deterministic for a given seed."""
+        return {}
+
+    # -- gymnasium API -----------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        task_id = options.get("task_id")
+        if task_id is None:
+            ids = self.task_ids()
+            task_id = ids[int(self.np_random.integers(len(ids)))]
+        elif task_id not in set(self.task_ids()):
+            raise ValueError(f"unknown task_id {task_id!r} for {type(self).__name__}")
+        self.task_id = task_id
+        self._load_task(task_id)
+        self._tool_index = {tool.name: tool for tool in self._tools()}
+        self.action_space = AssistantActionSpace(tuple(self._tool_index))
+        self._turn = 0
+        self._finished = False
+        info = {"task_id": task_id, "tools": [t.schema for t in self._tool_index.values()]}
+        return copy.deepcopy(self._first_messages()), info | self._info()
+
+    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        if self._finished:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self._turn += 1
+        try:
+            content, calls = parse_action(action)
+        except ToolCallError as error:
+            observation, reward, terminated = [error_message(str(error))], 0.0, False
+        else:
+            if calls:
+                observation, reward, terminated = self._run_calls(calls)
+            else:
+                reply = self._on_reply(content)
+                observation, reward, terminated = (
+                    list(reply.messages),
+                    reply.reward,
+                    reply.terminated,
+                )
+        truncated = not terminated and self._turn >= self.max_turns
+        self._finished = terminated or truncated
+        info = {"task_id": self.task_id, "turn": self._turn} | self._info()
+        return copy.deepcopy(observation), float(reward), terminated, truncated, info
+
+    def _run_calls(self, calls: list[Message]) -> tuple[list[Message], float, bool]:
+        observation: list[Message] = []
+        reward, terminated = 0.0, False
+        for index, call in enumerate(calls):
+            call_id = str(call.get("id") or f"call_{index}")
+            function = call.get("function") or {}
+            name = function.get("name")
+            if terminated:
+                content = ERROR_PREFIX + "not run: an earlier call in this message ended the task"
+            else:
+                result = self._call_tool(name, function.get("arguments"))
+                content = result.content
+                reward += result.reward
+                terminated = result.terminated
+            observation.append(
+                {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+            )
+        return observation, reward, terminated
+
+    def _call_tool(self, name: Any, arguments: Any) -> ToolResult:
+        tool = self._tool_index.get(name) if isinstance(name, str) else None
+        if tool is None:
+            known = ", ".join(self._tool_index) or "none"
+            return ToolResult(f"{ERROR_PREFIX}unknown tool {name!r}; the tools are: {known}")
+        try:
+            result = tool.function(**tool.bind(arguments))
+        except ToolCallError as error:
+            return ToolResult(ERROR_PREFIX + str(error))
+        return result if isinstance(result, ToolResult) else ToolResult(str(result))
+
+
+def parse_action(action: Any) -> tuple[str, list[Message]]:
+    """Splits an action into its text and tool calls; raises `ToolCallError` if malformed."""
+    if isinstance(action, str):
+        return action, []
+    if not isinstance(action, dict):
+        raise ToolCallError(
+            f"an action is an assistant message or a string, not {type(action).__name__}"
+        )
+    if action.get("role", "assistant") != "assistant":
+        raise ToolCallError(f"an action must have role 'assistant', not {action.get('role')!r}")
+    content = action.get("content") or ""
+    if not isinstance(content, str):
+        raise ToolCallError("an assistant message's content must be a string")
+    calls = action.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise ToolCallError("tool_calls must be a list of {id, type, function: {name, arguments}}")
+    return content, calls
+
+
+class ScriptedAgent(Protocol):
+    """An agent written in code: reference solvers, do-nothing baselines."""
+
+    def act(self, observation: list[Message], info: dict[str, Any]) -> Action: ...
+
+
+class IdleAgent:
+    """The do-nothing baseline: answers every turn with an empty message."""
+
+    def act(self, observation: list[Message], info: dict[str, Any]) -> Action:
+        return ""
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """Outcome of one scripted episode."""
+
+    task_id: str
+    total_reward: float
+    turns: int
+    terminated: bool
+    truncated: bool
+
+
+def run_episode(
+    env: gym.Env[list[Message], Action],
+    agent: ScriptedAgent,
+    task_id: str | None = None,
+    seed: int | None = None,
+) -> EpisodeResult:
+    """Plays one episode of `env` with a scripted agent."""
+    observation, info = env.reset(seed=seed, options={"task_id": task_id} if task_id else None)
+    total, turns = 0.0, 0
+    terminated = truncated = False
+    while not (terminated or truncated):
+        observation, reward, terminated, truncated, step_info = env.step(
+            agent.act(observation, info)
+        )
+        info = info | step_info
+        total += float(reward)
+        turns += 1
+    return EpisodeResult(str(info["task_id"]), total, turns, terminated, truncated)

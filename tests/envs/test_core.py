@@ -1,0 +1,125 @@
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs  # noqa: F401
+from envs.arith.env import ArithEnv
+from envs.core import ERROR_PREFIX, IdleAgent, parse_action, run_episode
+from envs.registry import registered_ids
+from envs.tools import ToolCallError
+
+
+def call(name, arguments, call_id="c1"):
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    }
+
+
+@pytest.mark.parametrize("env_id", registered_ids())
+def test_every_registered_env_passes_gymnasiums_checker(env_id):
+    env = gym.make(env_id)
+    try:
+        check_env(env.unwrapped)
+    finally:
+        env.close()
+
+
+def test_reset_gives_messages_tools_and_the_chosen_task():
+    env = ArithEnv()
+    observation, info = env.reset(options={"task_id": "arith/train/0007"})
+    assert info["task_id"] == "arith/train/0007"
+    assert [m["role"] for m in observation] == ["system", "user"]
+    assert {t["function"]["name"] for t in info["tools"]} == {"calculator", "submit"}
+    assert env.observation_space.contains(observation)
+
+
+def test_seeded_reset_picks_the_same_task_and_unknown_task_is_an_error():
+    first = ArithEnv().reset(seed=3)[1]["task_id"]
+    assert ArithEnv().reset(seed=3)[1]["task_id"] == first
+    with pytest.raises(ValueError, match="unknown task_id"):
+        ArithEnv().reset(options={"task_id": "arith/train/9999"})
+
+
+@pytest.mark.parametrize(
+    ("action", "fragment"),
+    [
+        (42, "not int"),
+        ({"role": "user", "content": "hi"}, "role 'assistant'"),
+        ({"role": "assistant", "content": ["x"]}, "content must be a string"),
+        ({"role": "assistant", "content": "", "tool_calls": "calc"}, "tool_calls must be a list"),
+    ],
+)
+def test_malformed_actions_are_error_observations_that_use_a_turn(action, fragment):
+    env = ArithEnv(max_turns=2)
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step(action)
+    assert observation[0]["role"] == "user"
+    assert (
+        observation[0]["content"].startswith(ERROR_PREFIX) and fragment in observation[0]["content"]
+    )
+    assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, 1)
+    *_, truncated, info = env.step(action)
+    assert truncated and info["turn"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "fragment"),
+    [
+        ("rm_rf", "{}", "unknown tool 'rm_rf'; the tools are: calculator, submit"),
+        ("calculator", '{"expression": ', "not valid JSON"),
+        ("calculator", "{}", "missing required argument expression"),
+        ("submit", '{"answer": "twelve"}', "should be a JSON number"),
+    ],
+)
+def test_bad_tool_calls_come_back_as_tool_errors(name, arguments, fragment):
+    env = ArithEnv()
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, _ = env.step(call(name, arguments))
+    assert observation == [
+        {"role": "tool", "tool_call_id": "c1", "name": name, "content": observation[0]["content"]}
+    ]
+    assert fragment in observation[0]["content"] and observation[0]["content"].startswith(
+        ERROR_PREFIX
+    )
+    assert (reward, terminated, truncated) == (0.0, False, False)
+
+
+def test_calls_after_the_one_that_ends_the_task_are_not_run():
+    env = ArithEnv()
+    env.reset(options={"task_id": "arith/train/0000"})
+    answer = env.task.answer
+    action = call("submit", f'{{"answer": {answer}}}')
+    action["tool_calls"].append(
+        {"id": "c2", "function": {"name": "submit", "arguments": '{"answer": -1}'}}
+    )
+    observation, reward, terminated, truncated, _ = env.step(action)
+    assert [m["content"] for m in observation][0] == "correct"
+    assert "not run" in observation[1]["content"]
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    with pytest.raises(RuntimeError, match="finished episode"):
+        env.step("more")
+
+
+def test_truncation_is_separate_from_termination():
+    result = run_episode(ArithEnv(max_turns=4), IdleAgent(), seed=1)
+    assert (result.turns, result.terminated, result.truncated, result.total_reward) == (
+        4,
+        False,
+        True,
+        0.0,
+    )
+
+
+def test_plain_string_is_content():
+    assert parse_action("hello") == ("hello", [])
+    with pytest.raises(ToolCallError):
+        parse_action(None)
+
+
+def test_max_turns_below_two_is_refused():
+    with pytest.raises(ValueError, match="max_turns"):
+        ArithEnv(max_turns=1)
