@@ -6,7 +6,7 @@ ones it sampled, so the learner can recompute log-probs on the very same ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +57,16 @@ class Completion:
     usage: Mapping[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TokenChunk:
+    """Tokens sampled since the previous chunk of a stream."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    """Their decoded text; "" while a multi-byte character is still incomplete."""
+
+
 class Engine(Protocol):
     """What every engine backend provides."""
 
@@ -73,6 +83,17 @@ class Engine(Protocol):
         adapter: str | None = POLICY,
     ) -> Completion:
         """Samples one assistant reply to `messages`."""
+        ...
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Iterator[TokenChunk | Completion]:
+        """Like `generate`, token by token: `TokenChunk`s as they are sampled, then the
+        final `Completion` (always the last item, with every id and log-prob)."""
         ...
 
     def score(

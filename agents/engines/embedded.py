@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from agents import models
-from agents.engines.base import BASE, POLICY, Completion, Message, SamplingParams, ToolSchema
+from agents.engines.base import (
+    BASE,
+    POLICY,
+    Completion,
+    Message,
+    SamplingParams,
+    TokenChunk,
+    ToolSchema,
+)
 from agents.toolcalls import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -54,20 +62,48 @@ class EmbeddedEngine:
         sampling: SamplingParams | None = None,
         adapter: str | None = POLICY,
     ) -> Completion:
+        *_, completion = self.stream(messages, tools, sampling, adapter)
+        assert isinstance(completion, Completion)
+        return completion
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Iterator[TokenChunk | Completion]:
         sampling = sampling or SamplingParams()
         prompt_ids = self.encode(messages, tools)
+        completion_ids: list[int] = []
+        logprobs: list[float] = []
+        shown = ""
+        # The lock is held while the stream is consumed; closing the generator releases it.
         with self._lock, torch.inference_mode(), self._adapter(adapter) as (model, version):
             generator = None
             if sampling.seed is not None:
                 generator = torch.Generator().manual_seed(sampling.seed)
-            completion_ids, logprobs = _sample(
-                model,
-                prompt_ids,
-                sampling,
-                self._eos_ids(),
-                generator,
-                self._stop_check(sampling.stop),
-            )
+            stopped = self._stop_check(sampling.stop)
+            for token, logprob in _sample(model, prompt_ids, sampling, self._eos_ids(), generator):
+                completion_ids.append(token)
+                logprobs.append(logprob)
+                decoded = self.tokenizer.decode(completion_ids)
+                # Hold text back while it ends in an incomplete UTF-8 character.
+                delta = "" if decoded.endswith("\ufffd") else decoded[len(shown) :]
+                shown += delta
+                yield TokenChunk((token,), (logprob,), delta)
+                if stopped is not None and stopped(completion_ids):
+                    break
+        yield self._completion(prompt_ids, completion_ids, logprobs, sampling, version)
+
+    def _completion(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        logprobs: list[float],
+        sampling: SamplingParams,
+        version: int,
+    ) -> Completion:
         text = self.tokenizer.decode(completion_ids, skip_special_tokens=False)
         ended_by_eos = bool(completion_ids) and completion_ids[-1] in self._eos_ids()
         body = self.tokenizer.decode(completion_ids[:-1] if ended_by_eos else completion_ids)
@@ -185,24 +221,19 @@ def _sample(
     sampling: SamplingParams,
     eos_ids: set[int],
     generator: torch.Generator | None,
-    stopped: Callable[[list[int]], bool] | None = None,
-) -> tuple[list[int], list[float]]:
-    """Token-by-token sampling with a KV cache; returns the ids and their raw log-probs."""
+) -> Iterator[tuple[int, float]]:
+    """Token-by-token sampling with a KV cache; yields each id with its raw log-prob."""
     ids = torch.tensor([prompt_ids])
     past = None
-    chosen: list[int] = []
-    logprobs: list[float] = []
     for _ in range(sampling.max_tokens):
         out = model(input_ids=ids, past_key_values=past, use_cache=True)
         past = out.past_key_values
         raw = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         token = _pick(raw, sampling, generator)
-        chosen.append(token)
-        logprobs.append(float(raw[token]))
-        if token in eos_ids or (stopped is not None and stopped(chosen)):
-            break
+        yield token, float(raw[token])
+        if token in eos_ids:
+            return
         ids = torch.tensor([[token]])
-    return chosen, logprobs
 
 
 def _pick(

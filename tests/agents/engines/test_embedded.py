@@ -91,3 +91,14 @@ def test_adapter_versions_swap_and_base_stays_reachable(tmp_path):
     assert engine._peft.active_adapter == "v2" and "v1" not in engine._peft.peft_config
     with pytest.raises(ValueError, match="unknown adapter"):
         engine.generate(MESSAGES, adapter="nope")
+
+
+def test_stream_yields_every_token_then_the_same_completion(tiny_engine):
+    sampling = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
+    *chunks, final = tiny_engine.stream(MESSAGES, sampling=sampling)
+    assert final == tiny_engine.generate(MESSAGES, sampling=sampling)
+    assert tuple(i for c in chunks for i in c.token_ids) == final.completion_token_ids
+    assert tuple(lp for c in chunks for lp in c.logprobs) == final.completion_logprobs
+    assert "".join(c.text for c in chunks) == tiny_engine.tokenizer.decode(
+        final.completion_token_ids
+    )
