@@ -69,6 +69,7 @@ def run_episode(
                     completion_logprobs=completion.completion_logprobs,
                     completion=completion.message,
                     policy_version=completion.policy_version,
+                    tools=tuple(info["tools"]),
                 )
             )
             observation, reward, terminated, truncated, _ = env.step(dict(completion.message))

@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS turns (
     completion_logprobs BLOB NOT NULL,
     completion TEXT NOT NULL,
     policy_version INTEGER NOT NULL,
+    tools TEXT NOT NULL,
     next_state TEXT,
     env_reward REAL,
     votes TEXT,
@@ -223,10 +224,10 @@ class Store:
         with self._write() as db:
             cursor = db.execute(
                 "INSERT INTO turns (session_id, idx, turn_type, prompt_messages, prompt_token_ids, "
-                "completion_token_ids, completion_logprobs, completion, policy_version, "
+                "completion_token_ids, completion_logprobs, completion, policy_version, tools, "
                 "next_state, "
                 "env_reward, votes, score, hint, teacher_logprobs, status, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _turn_values(turn),
             )
         return int(cursor.lastrowid or 0)
@@ -339,6 +340,7 @@ class Store:
                 "completion_logprobs": list(turn.completion_logprobs),
                 "completion": json.dumps(turn.completion),
                 "policy_version": turn.policy_version,
+                "tools": json.dumps(list(turn.tools)),
                 "next_state": None
                 if turn.next_state is None
                 else json.dumps(list(turn.next_state)),
@@ -393,6 +395,7 @@ def _turn_values(turn: Turn) -> tuple[Any, ...]:
         _pack(turn.completion_logprobs, _LOGPROBS),
         json.dumps(turn.completion),
         turn.policy_version,
+        json.dumps(list(turn.tools)),
         _json(None if turn.next_state is None else list(turn.next_state)),
         turn.env_reward,
         _json(None if judgement is None else list(judgement.votes)),
@@ -424,6 +427,7 @@ def _turn_from_row(row: sqlite3.Row) -> Turn:
         completion_logprobs=_unpack_logprobs(row["completion_logprobs"]) or (),
         completion=json.loads(row["completion"]),
         policy_version=int(row["policy_version"]),
+        tools=tuple(json.loads(row["tools"])),
         next_state=None if next_state is None else tuple(json.loads(next_state)),
         env_reward=row["env_reward"],
         judgement=judgement,
@@ -466,6 +470,7 @@ def _export_features() -> Any:
             "completion_logprobs": seq(value("float64")),
             "completion": value("string"),
             "policy_version": value("int32"),
+            "tools": value("string"),
             "next_state": value("string"),
             "env_reward": value("float64"),
             "votes": seq(value("int8")),

@@ -71,6 +71,9 @@ class Turn:
     """The assistant message: role, content and tool_calls."""
     policy_version: int
     """The adapter version that sampled this turn (0 is the base model)."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """The OpenAI tool schemas the prompt was rendered with (the judge's teacher re-renders
+    the prompt with a hint, and must render the same tools)."""
     next_state: tuple[Message, ...] | None = None
     """The messages that followed this reply; None until they arrive."""
     env_reward: float | None = None

@@ -65,13 +65,14 @@ def rollback_journal_writes(path: Path, turns: int, tokens: int) -> float:
     db.execute("INSERT INTO sessions VALUES ('s', 'bench', NULL, NULL, NULL, 'open', 0, '{}')")
     columns = (
         "session_id, idx, turn_type, prompt_messages, prompt_token_ids, completion_token_ids, "
-        "completion_logprobs, completion, policy_version, next_state, env_reward, votes, score, "
+        "completion_logprobs, completion, policy_version, tools, next_state, env_reward, votes, "
+        "score, "
         "hint, teacher_logprobs, status, created_at"
     )
     started = time.perf_counter()
     for index in range(turns):
         db.execute(
-            f"INSERT INTO turns ({columns}) VALUES ({', '.join('?' * 17)})",
+            f"INSERT INTO turns ({columns}) VALUES ({', '.join('?' * 18)})",
             _turn_values(make_turn("s", index, tokens)),
         )
     elapsed = time.perf_counter() - started

@@ -28,7 +28,9 @@ def test_store_is_in_wal_mode(store):
 def test_turn_round_trips_exactly(store):
     store.add_session(Session("s", "clawgym/Arith-v0", task_id="t", group_id="g"))
     turn = make_turn(
-        completion_logprobs=(-0.123456789012345, -3.0), prompt_token_ids=(0, 49151, 2**31 - 1)
+        completion_logprobs=(-0.123456789012345, -3.0),
+        prompt_token_ids=(0, 49151, 2**31 - 1),
+        tools=({"type": "function", "function": {"name": "f", "parameters": {}}},),
     )
     store.add_turn(turn)
     assert store.session("s").turns == (turn,)

@@ -1,0 +1,63 @@
+"""Losses: pure functions of per-token tensors, shaped [batch, tokens] with a 0/1 mask.
+
+Every loss is a sum over tokens divided by `total_tokens`, the number of trained tokens in
+the whole optimiser step, not in the micro-batch: so the gradients of micro-batches add
+up to exactly the gradient of the full batch (the normalisation bug TRL and open-instruct
+both shipped came from dividing by each micro-batch's own count).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    total_tokens: int,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    importance_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PPO's clipped surrogate, token-level, with a separate upper clip (DAPO's clip-higher).
+
+    Args:
+        logprobs: log-probs of the sampled tokens under the weights being trained.
+        proximal_logprobs: the same under the weights at the start of this step (no grad).
+        advantages: per-token advantages.
+        mask: 1 for trained tokens, 0 for padding and masked turns.
+        total_tokens: trained tokens in the whole step (across micro-batches).
+        clip_low, clip_high: the ratio is kept in [1 - clip_low, 1 + clip_high].
+        importance_weights: truncated weights for turns from an older adapter.
+    """
+    ratio = torch.exp(logprobs - proximal_logprobs.detach())
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    if importance_weights is not None:
+        per_token = per_token * importance_weights
+    return (per_token * mask).sum() / max(total_tokens, 1)
+
+
+def kl_to_base(
+    logprobs: torch.Tensor, base_logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: int
+) -> torch.Tensor:
+    """KL(policy || base) per token with the k3 estimator exp(d) - d - 1, d = base - policy:
+    non-negative, unbiased, low variance (Schulman's approximation)."""
+    delta = base_logprobs.detach() - logprobs
+    return ((torch.exp(delta) - delta - 1.0) * mask).sum() / max(total_tokens, 1)
+
+
+def clip_fraction(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> float:
+    """Share of trained tokens whose ratio left the clip range (a health metric)."""
+    ratio = torch.exp(logprobs.detach() - proximal_logprobs)
+    outside = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).float()
+    return float((outside * mask).sum() / mask.sum().clamp(min=1))
