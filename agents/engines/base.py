@@ -96,6 +96,14 @@ class Engine(Protocol):
         final `Completion` (always the last item, with every id and log-prob)."""
         ...
 
+    def encode(
+        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
+    ) -> list[int]:
+        """Prompt token ids of a conversation under the served chat template, ending with the
+        assistant's generation prompt: what `generate` would feed the model. The judge's
+        teacher uses it to render a hint-augmented prompt."""
+        ...
+
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
     ) -> list[float]:
