@@ -57,6 +57,99 @@ class SamplingConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """Who scores turns and writes hints (trainers/judge.py)."""
+
+    kind: str = "self"
+    """self (the policy's base model), remote (an OpenAI-compatible URL), env (the
+    environment's outcome), or a custom judge as `module:Class`."""
+    votes: int = 3
+    """m: samples per turn for the score, and again for the hint."""
+    temperature: float = 0.6
+    """Sampling temperature of the votes."""
+    max_tokens: int = 128
+    """Tokens per judge answer."""
+    score_template: str = "judge_score"
+    """Score prompt: a file path, or a name in trainers/prompts/."""
+    hint_template: str = "judge_hint"
+    """Hint prompt: a file path, or a name in trainers/prompts/."""
+    hint_min_chars: int = 10
+    """Hints of this many characters or fewer are rejected."""
+    base_url: str | None = None
+    """remote judge: the OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."""
+    api_key: str | None = None
+    """remote judge: its API key."""
+    model: str | None = None
+    """remote judge: the model name to ask for."""
+
+
+@dataclass
+class MethodConfig:
+    """How judged turns become advantages (trainers/advantages.py)."""
+
+    name: str = "binary"
+    """binary (scalar reward), opd (hint distillation) or combine (both)."""
+    w_opd: float = 1.0
+    """combine: weight of the teacher - rollout term."""
+    w_rl: float = 1.0
+    """combine: weight of the reward term."""
+    use_judge: bool = True
+    """binary / combine: take the judge's majority score as reward."""
+    use_env_reward: bool = True
+    """binary / combine: add the environment's outcome reward."""
+    scale_by_std: bool = False
+    """GRPO: divide by the group's std as well as subtracting its mean."""
+
+
+@dataclass
+class TrainerConfig:
+    """The LoRA learner and the training loop (trainers/learner.py, trainers/pipeline.py)."""
+
+    max_steps: int = 8
+    """Optimiser steps before the run ends."""
+    batch_turns: int = 16
+    """Turns per optimiser step (OpenClaw-RL trains on 16)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward pass; gradients accumulate across them."""
+    lr: float = 1e-4
+    """AdamW learning rate (OpenClaw-RL's LoRA rate)."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    """Modules that get adapters: every projection by default."""
+    clip_low: float = 0.2
+    """PPO ratio lower clip: 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO ratio upper clip: 1 + clip_high."""
+    kl_weight: float = 0.0
+    """Weight of KL(policy || base); 0 skips the base forward pass."""
+    importance_cap: float = 2.0
+    """Truncation of the importance weight of turns from older adapters."""
+    max_staleness: int = 2
+    """Turns sampled more than this many adapter versions ago are dropped."""
+    grad_clip: float = 1.0
+    """Max global gradient norm."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in backward: less memory, ~30% more time."""
+    logprob_chunk: int = 128
+    """Positions per chunk when computing target log-probs (never the full logits)."""
+    max_backlog: int = 64
+    """Judged turns waiting for training before rollouts pause (the bounded queue)."""
+
+
+@dataclass
 class RunConfig:
     """The root config."""
 
@@ -64,6 +157,9 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
     """Seeds task choice and sampling."""
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
@@ -82,6 +178,24 @@ def validate(config: RunConfig) -> None:
         raise ValueError(
             f"engine.backend={config.engine.backend!r} is not available yet; use engine=embedded"
         )
+    if config.method.name not in ("binary", "opd", "combine"):
+        raise ValueError(
+            f"method={config.method.name!r}: choose method=binary, method=opd or method=combine"
+        )
+    if config.judge.votes < 1:
+        raise ValueError(f"judge.votes must be >= 1, got {config.judge.votes}")
+    if config.judge.kind == "remote" and not (config.judge.base_url and config.judge.model):
+        raise ValueError(
+            "judge=remote needs judge.base_url=http://HOST:PORT/v1 (and judge.model=NAME)"
+        )
+    if config.method.name != "binary" and config.judge.kind == "env":
+        raise ValueError(
+            f"method={config.method.name} needs hints from an LLM judge; use judge=self or remote"
+        )
+    if config.trainer.batch_turns < 1 or config.trainer.max_steps < 0:
+        raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
+    if not 0 <= config.trainer.clip_low < 1 or config.trainer.clip_high < 0:
+        raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
     if not config.env.id.startswith("clawgym/"):
         raise ValueError(f"env.id must be a clawgym/ id, got {config.env.id!r}")
 

@@ -1,0 +1,210 @@
+"""The judge: scores a turn by its next state, and writes OPD hints (REFERENCE.md).
+
+- Votes: m samples of the score prompt at temperature 0.6; each answer is read from its
+  last `\\boxed{}`; unparsable votes are ignored; the majority wins; a tie or no valid vote
+  gives 0, and a 0-scored turn is masked out of the loss.
+- Hints: m samples of the hint prompt; a hint counts when the sample answers `\\boxed{1}`
+  and the text between the markers is longer than `hint_min_chars`; the longest wins.
+- Teacher: the base model (adapter off) scores the student's own completion tokens with
+  the hint appended to the last user message.
+
+Judges: `self` (the policy's base model through the same engine), `remote` (any
+OpenAI-compatible endpoint), `env` (the environment's outcome), or a custom class given
+as `module:Class`. The prompt templates are files a user can replace.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+from agents.engines.base import BASE, Engine, SamplingParams
+from agents.trajectory import Judgement, Message, Session, Turn
+from trainers.config import JudgeConfig
+
+HINT_HEADER = "\n\n[user's hint / instruction]\n"
+_BOXED = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
+_HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
+_VOTES = {"1": 1, "+1": 1, "-1": -1, "0": 0}
+
+
+# -- parsing: pure functions ---------------------------------------------------------------
+def parse_vote(text: str) -> int | None:
+    """The vote in the last `\\boxed{}` of a judge's answer: +1, -1, 0, or None."""
+    found = _BOXED.findall(text)
+    return _VOTES.get(found[-1]) if found else None
+
+
+def majority(votes: Sequence[int | None]) -> float:
+    """The most common valid vote; 0 on a tie or when no vote is valid."""
+    counts = Counter(v for v in votes if v is not None).most_common()
+    if not counts or (len(counts) > 1 and counts[0][1] == counts[1][1]):
+        return 0.0
+    return float(counts[0][0])
+
+
+def parse_hint(text: str, min_chars: int = 10) -> str | None:
+    """The hint of one judge answer, if it says yes (`\\boxed{1}`) and the hint is long enough."""
+    if parse_vote(text) != 1:
+        return None
+    found = _HINT.findall(text)
+    hint = " ".join(found[-1].split()) if found else ""
+    return hint if len(hint) > min_chars else None
+
+
+def longest(hints: Sequence[str | None]) -> str | None:
+    """The longest accepted hint, or None."""
+    accepted = [h for h in hints if h]
+    return max(accepted, key=len) if accepted else None
+
+
+def render_next_state(next_state: Sequence[Message]) -> tuple[str, str]:
+    """The role and text of a next state, for the judge's prompt."""
+    roles = [str(m.get("role", "user")) for m in next_state] or ["user"]
+    role = "tool" if "tool" in roles else roles[-1]
+    text = "\n".join(_text(m.get("content")) for m in next_state)
+    return ("environment (tool result)" if role == "tool" else role), text
+
+
+def with_hint(messages: Sequence[Message], hint: str) -> list[dict[str, Any]]:
+    """The teacher's context: the hint appended to the last user message."""
+    copied = [dict(m) for m in messages]
+    for message in reversed(copied):
+        if message.get("role") == "user":
+            message["content"] = _text(message.get("content")) + HINT_HEADER + hint
+            return copied
+    return [*copied, {"role": "user", "content": HINT_HEADER.lstrip() + hint}]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _reply_text(completion: Message) -> str:
+    calls = completion.get("tool_calls") or []
+    rendered = [json.dumps(c.get("function", c)) for c in calls]
+    return "\n".join([_text(completion.get("content")), *rendered]).strip()
+
+
+def fill(template: str, fields: dict[str, str]) -> str:
+    """Puts the fields into their `{name}` slots; other braces (`\\boxed{1}`) stay as they are."""
+    slots = re.compile("|".join(re.escape("{" + name + "}") for name in fields))
+    return slots.sub(lambda match: fields[match.group(0)[1:-1]], template)
+
+
+def load_template(name_or_path: str) -> str:
+    """A prompt template: a file path, or the name of one shipped in trainers/prompts/."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path.read_text()
+    return resources.files("trainers").joinpath("prompts", f"{name_or_path}.txt").read_text()
+
+
+# -- judges --------------------------------------------------------------------------------
+class Judge(Protocol):
+    """Adds votes, a score, a hint and teacher log-probs to a turn."""
+
+    def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
+        """The judgement, or None when the turn cannot be judged yet."""
+        ...
+
+
+class LLMJudge:
+    """A language-model judge (`self` or `remote`) with the policy's base model as teacher.
+
+    Args:
+        config: the judge's config.
+        voter: the engine the votes and hints are sampled from.
+        teacher: the engine whose base model scores the hinted context (the policy's own).
+        voter_adapter: the voter's model (BASE: the policy's base model, adapter off).
+    """
+
+    def __init__(
+        self, config: JudgeConfig, voter: Engine, teacher: Engine, voter_adapter: str | None = BASE
+    ):
+        self.config, self.voter, self.teacher, self.voter_adapter = (
+            config,
+            voter,
+            teacher,
+            voter_adapter,
+        )
+        self.score_template = load_template(config.score_template)
+        self.hint_template = load_template(config.hint_template)
+
+    def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
+        if turn.next_state is None:
+            return None if session.status == "open" else Judgement()
+        role, next_text = render_next_state(turn.next_state)
+        fields = {"reply": _reply_text(turn.completion), "next_role": role, "next_state": next_text}
+        answers = self._sample(fill(self.score_template, fields))
+        votes = [parse_vote(a) for a in answers]
+        hint = teacher_logprobs = None
+        if want_hint:
+            hint = longest(
+                [
+                    parse_hint(a, self.config.hint_min_chars)
+                    for a in self._sample(fill(self.hint_template, fields))
+                ]
+            )
+        if hint is not None:
+            prompt = self.teacher.encode(with_hint(turn.prompt_messages, hint), turn.tools or None)
+            teacher_logprobs = tuple(
+                self.teacher.score(prompt, turn.completion_token_ids, adapter=BASE)
+            )
+        return Judgement(
+            tuple(v for v in votes if v is not None), majority(votes), hint, teacher_logprobs
+        )
+
+    def _sample(self, prompt: str) -> list[str]:
+        sampling = SamplingParams(
+            temperature=self.config.temperature, max_tokens=self.config.max_tokens
+        )
+        messages = [{"role": "user", "content": prompt}]
+        with ThreadPoolExecutor(self.config.votes) as pool:  # lets a batching engine batch them
+            futures = [
+                pool.submit(self.voter.generate, messages, None, sampling, self.voter_adapter)
+                for _ in range(self.config.votes)
+            ]
+            return [_text(f.result().message.get("content")) for f in futures]
+
+
+class EnvJudge:
+    """Scores every turn of a finished episode with the sign of its outcome reward: the
+    environment's verifiable verdict (tests pass, task solved). No votes, no hints."""
+
+    def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
+        if session.status == "open":
+            return None
+        outcome = session.outcome_reward or 0.0
+        return Judgement(votes=(), score=float((outcome > 0) - (outcome < 0)))
+
+
+def build_judge(config: JudgeConfig, engine: Engine) -> Judge:
+    """The judge a config names; `engine` serves the policy (and its base model)."""
+    if config.kind == "self":
+        return LLMJudge(config, voter=engine, teacher=engine)
+    if config.kind == "env":
+        return EnvJudge()
+    if config.kind == "remote":
+        from agents.engines.remote import RemoteEngine
+
+        if not (config.base_url and config.model):
+            raise ValueError(
+                "judge=remote needs judge.base_url=http://HOST:PORT/v1 and judge.model=NAME"
+            )
+        remote = RemoteEngine(config.base_url, api_key=config.api_key, model=config.model)
+        return LLMJudge(config, voter=remote, teacher=engine, voter_adapter=config.model)
+    module, _, name = config.kind.partition(":")
+    if not name:
+        raise ValueError(f"judge.kind={config.kind!r}: use self, remote, env, or module:Class")
+    judge: Judge = getattr(importlib.import_module(module), name)(config, engine)
+    return judge

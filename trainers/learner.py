@@ -1,0 +1,339 @@
+"""The LoRA learner: one optimiser step from a batch of judged turns, versioned adapters,
+and checkpoints that resume exactly.
+
+The learner keeps its own copy of the base model with a peft LoRA adapter. For each step
+it recomputes the proximal log-probs (the weights before the step) on the very token ids
+the engine sampled, never re-tokenized, then accumulates the clipped policy loss over
+micro-batches normalised by the step's total token count. Log-probs are computed from
+the hidden states a chunk of positions at a time, with the chunk recomputed in backward,
+so the full [tokens, vocabulary] logits never exist at once: with SmolLM2's 49k
+vocabulary those logits, not the model, dominate a step's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from agents import models
+from trainers.advantages import truncated_importance_weights
+from trainers.config import TrainerConfig
+from trainers.losses import clip_fraction, clipped_policy_loss, kl_to_base
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One turn, ready to train on."""
+
+    seq: int
+    """The turn's sequence number in the store."""
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    advantages: tuple[float, ...]
+    """One per completion token."""
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one optimiser step did."""
+
+    step: int
+    version: int
+    turns: int
+    tokens: int
+    loss: float
+    kl: float
+    clip_fraction: float
+    mean_advantage: float
+    logprob_gap: float
+    """Mean |learner - rollout| log-prob over tokens of on-policy turns (sampled by the
+    adapter being trained): the train / rollout mismatch."""
+    grad_norm: float
+    seconds: float
+
+
+def token_logprobs(
+    causal_lm: Any, sequences: list[list[int]], starts: list[int], chunk: int
+) -> list[torch.Tensor]:
+    """Log-probs of tokens `starts[i]:` of each sequence, given all tokens before them.
+
+    Right-padded batch; only the hidden states are materialised for the whole batch, the
+    vocabulary projection runs `chunk` positions at a time (and again in backward).
+    """
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+    hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    head = causal_lm.get_output_embeddings()
+    results = []
+    for row, (sequence, start) in enumerate(zip(sequences, starts, strict=True)):
+        targets = ids[row, start : len(sequence)]
+        states = hidden[row, start - 1 : len(sequence) - 1]
+        pieces = [
+            checkpoint(
+                _gather_logprobs,
+                head,
+                states[i : i + chunk],
+                targets[i : i + chunk],
+                use_reentrant=False,
+            )
+            for i in range(0, len(targets), chunk)
+        ]
+        results.append(torch.cat(pieces) if pieces else torch.zeros(0))
+    return results
+
+
+def _gather_logprobs(
+    head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    logits = head(states).float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
+def micro_batches(samples: list[TrainSample], token_budget: int) -> list[list[TrainSample]]:
+    """Consecutive groups whose padded size (rows x longest) stays within the budget."""
+    batches: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    for sample in samples:
+        longest = max([len(s.prompt_ids) + len(s.completion_ids) for s in [*current, sample]])
+        if current and longest * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current = []
+        current.append(sample)
+    return [*batches, current] if current else batches
+
+
+class Learner:
+    """LoRA training of a base model, publishing adapter versions.
+
+    Args:
+        model_name: the base model, as `agents.models.resolve` takes it.
+        config: the trainer config.
+        run_dir: adapters go to run_dir/adapters/v<N>, checkpoints to run_dir/checkpoints.
+    """
+
+    def __init__(self, model_name: str, config: TrainerConfig, run_dir: Path):
+        from peft import LoraConfig, get_peft_model
+
+        self.config, self.run_dir = config, Path(run_dir)
+        base, _ = models.load(model_name)
+        lora = LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            target_modules=list(config.target_modules),
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+        )
+        self.model = get_peft_model(base, lora)
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+        self.step_count = 0
+        self.version = 0
+        self.trained_seqs: tuple[int, ...] = ()
+
+    def step(self, samples: list[TrainSample]) -> StepMetrics:
+        """One optimiser step over `samples`; returns its metrics (the adapter is not saved)."""
+        started = time.monotonic()
+        sums = self.accumulate_gradients(samples)
+        norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], self.config.grad_clip
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        self.version += 1
+        self.trained_seqs = tuple(s.seq for s in samples)
+        advantages = [a for s in samples for a in s.advantages]
+        total = sum(len(s.completion_ids) for s in samples)
+        return StepMetrics(
+            step=self.step_count,
+            version=self.version,
+            turns=len(samples),
+            tokens=total,
+            loss=sums["loss"],
+            kl=sums["kl"],
+            clip_fraction=sums["clip"] / max(sums["batches"], 1),
+            mean_advantage=sum(advantages) / max(len(advantages), 1),
+            logprob_gap=sums["gap"] / max(sums["gap_tokens"], 1),
+            grad_norm=float(norm),
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    def accumulate_gradients(self, samples: list[TrainSample]) -> dict[str, float]:
+        """Backward passes over micro-batches of `samples`, gradients summed in place."""
+        batches = micro_batches(samples, self.config.micro_batch_tokens)
+        total = sum(len(s.completion_ids) for s in samples)
+        proximal = self._logprobs_no_grad(batches, adapter=True)
+        base = self._logprobs_no_grad(batches, adapter=False) if self.config.kl_weight else None
+        sums = {
+            "loss": 0.0,
+            "kl": 0.0,
+            "clip": 0.0,
+            "gap": 0.0,
+            "gap_tokens": 0,
+            "batches": len(batches),
+        }
+        for index, batch in enumerate(batches):
+            self._accumulate(
+                batch, proximal[index], None if base is None else base[index], total, sums
+            )
+        return sums
+
+    def _accumulate(
+        self,
+        batch: list[TrainSample],
+        proximal: list[torch.Tensor],
+        base: list[torch.Tensor] | None,
+        total: int,
+        sums: dict[str, float],
+    ) -> None:
+        logprobs = self._logprobs(batch)
+        current, prox = _pad(logprobs), _pad(proximal)
+        rollout = _pad([torch.tensor(s.rollout_logprobs) for s in batch])
+        advantages = _pad([torch.tensor(s.advantages) for s in batch])
+        mask = _pad([torch.ones(len(s.completion_ids)) for s in batch])
+        weights = truncated_importance_weights(prox, rollout, self.config.importance_cap)
+        loss = clipped_policy_loss(
+            current,
+            prox,
+            advantages,
+            mask,
+            total,
+            self.config.clip_low,
+            self.config.clip_high,
+            weights * mask,
+        )
+        if base is not None:
+            kl = kl_to_base(current, _pad(base), mask, total)
+            loss = loss + self.config.kl_weight * kl
+            sums["kl"] += kl.item()
+        loss.backward()
+        sums["loss"] += loss.item()
+        sums["clip"] += clip_fraction(
+            current, prox, mask, self.config.clip_low, self.config.clip_high
+        )
+        for sample, learner_lp in zip(batch, proximal, strict=True):
+            if sample.policy_version == self.version:
+                sums["gap"] += float(
+                    (learner_lp - torch.tensor(sample.rollout_logprobs)).abs().sum()
+                )
+                sums["gap_tokens"] += len(sample.completion_ids)
+
+    def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:
+        sequences = [list(s.prompt_ids) + list(s.completion_ids) for s in batch]
+        return token_logprobs(
+            self.model.get_base_model(),
+            sequences,
+            [len(s.prompt_ids) for s in batch],
+            self.config.logprob_chunk,
+        )
+
+    def _logprobs_no_grad(
+        self, batches: list[list[TrainSample]], adapter: bool
+    ) -> list[list[torch.Tensor]]:
+        with torch.no_grad():
+            if adapter:
+                return [self._logprobs(b) for b in batches]
+            with self.model.disable_adapter():
+                return [self._logprobs(b) for b in batches]
+
+    # -- publishing and checkpoints ------------------------------------------------------
+    def save_adapter(self) -> Path:
+        """Writes the current adapter as run_dir/adapters/v<version>; returns the directory."""
+        target = self.run_dir / "adapters" / f"v{self.version}"
+        staging = target.with_name(target.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        self.model.save_pretrained(staging)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        return target
+
+    def save_checkpoint(self, cursor: dict[str, Any]) -> Path:
+        """Adapter, optimiser, step, version, RNG states and the caller's cursor, atomically:
+        a crash mid-write leaves the previous checkpoint intact."""
+        root = self.run_dir / "checkpoints"
+        staging, latest, previous = root / "staging", root / "latest", root / "previous"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        self.model.save_pretrained(staging / "adapter")
+        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+        torch.save(
+            {"torch": torch.get_rng_state(), "python": random.getstate()}, staging / "rng.pt"
+        )
+        state = {
+            "step": self.step_count,
+            "version": self.version,
+            "trained_seqs": list(self.trained_seqs),
+        }
+        (staging / "state.json").write_text(json.dumps(state | {"cursor": cursor}))
+        _fsync_tree(staging)
+        shutil.rmtree(previous, ignore_errors=True)
+        if latest.exists():
+            latest.rename(previous)
+        staging.rename(latest)
+        shutil.rmtree(previous, ignore_errors=True)
+        return latest
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """Restores the newest complete checkpoint; returns its state (None if there is none)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        root = self.run_dir / "checkpoints"
+        found = next(
+            (d for d in (root / "latest", root / "previous") if (d / "state.json").exists()), None
+        )
+        if found is None:
+            return None
+        set_peft_model_state_dict(
+            self.model, load_file(found / "adapter" / "adapter_model.safetensors")
+        )
+        self.optimizer.load_state_dict(torch.load(found / "optimizer.pt", weights_only=False))
+        rng = torch.load(found / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        state: dict[str, Any] = json.loads((found / "state.json").read_text())
+        self.step_count, self.version = state["step"], state["version"]
+        self.trained_seqs = tuple(state["trained_seqs"])
+        logger.info(
+            "resumed from %s at step %d (adapter v%d)", found, self.step_count, self.version
+        )
+        return state
+
+
+def _pad(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
+    """Metrics as a flat dict for logs and TensorBoard."""
+    return asdict(metrics)
