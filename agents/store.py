@@ -208,15 +208,27 @@ class Store:
         )
         return _session_from_row(row, tuple(_turn_from_row(t) for t in turns))
 
-    def sessions(self, status: SessionStatus | None = None) -> list[Session]:
-        """Every session (without turns), oldest first."""
-        query, args = "SELECT * FROM sessions", tuple[str, ...]()
+    def sessions(
+        self, status: SessionStatus | None = None, session_ids: Iterable[str] | None = None
+    ) -> list[Session]:
+        """Sessions (without turns), oldest first, by status and / or id."""
+        clauses, args = [], list[str]()
         if status is not None:
-            query, args = query + " WHERE status=?", (str(status),)
-        return [
-            _session_from_row(r, ())
-            for r in self._db().execute(query + " ORDER BY created_at", args)
-        ]
+            clauses.append("status=?")
+            args.append(str(status))
+        if session_ids is not None:
+            ids = list(session_ids)
+            clauses.append(f"session_id IN ({', '.join('?' * len(ids))})" if ids else "0")
+            args.extend(ids)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._db().execute(f"SELECT * FROM sessions{where} ORDER BY created_at", args)
+        return [_session_from_row(r, ()) for r in rows]
+
+    def group_sessions(self, group_ids: Iterable[str]) -> list[Session]:
+        """Every session of the given groups (without turns)."""
+        ids = list(group_ids)
+        query = f"SELECT * FROM sessions WHERE group_id IN ({', '.join('?' * len(ids))})"
+        return [_session_from_row(r, ()) for r in self._db().execute(query, ids)] if ids else []
 
     # -- turns ---------------------------------------------------------------------------
     def add_turn(self, turn: Turn) -> int:
@@ -263,12 +275,11 @@ class Store:
             ),
         )
 
-    def mark_trained(self, seqs: Iterable[int]) -> None:
-        """Moves turns to `trained`, all in one transaction."""
+    def mark_trained(self, seqs: Iterable[int], status: TurnStatus = TurnStatus.TRAINED) -> None:
+        """Moves turns to `trained` (or `dropped`), all in one transaction."""
         with self._write() as db:
             db.executemany(
-                "UPDATE turns SET status=? WHERE seq=?",
-                [(str(TurnStatus.TRAINED), s) for s in seqs],
+                "UPDATE turns SET status=? WHERE seq=?", [(str(status), s) for s in seqs]
             )
 
     def _update_turn(

@@ -25,11 +25,13 @@ class TurnType(enum.StrEnum):
 
 
 class TurnStatus(enum.StrEnum):
-    """Where a turn is in the pipeline: collected -> judged -> trained."""
+    """Where a turn is in the pipeline: collected -> judged -> trained, or dropped (judged
+    but carrying no signal, or too stale to train on)."""
 
     COLLECTED = "collected"
     JUDGED = "judged"
     TRAINED = "trained"
+    DROPPED = "dropped"
 
 
 class SessionStatus(enum.StrEnum):

@@ -20,10 +20,14 @@ class EnvConfig:
     """A registered gymnasium id (`clawgym/<Name>-v0`)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Registration kwargs of the variant, e.g. {split: test, max_turns: 4}."""
-    episodes: int = 4
-    """Episodes to play."""
     group_size: int = 1
     """Rollouts per task sharing a group id (the GRPO baseline is taken over a group)."""
+    users: str = "simulated"
+    """simulated: the env's own users or tasks drive episodes; live: real clients talk to
+    the proxy and nothing is rolled out (Chat-v0's `env.users=live`)."""
+    outcome_is_reward: bool = True
+    """Whether the env's outcome reward trains (false for Chat-v0, whose reward is 0 and
+    whose preference score is for evaluation only)."""
 
 
 @dataclass
@@ -65,6 +69,10 @@ class JudgeConfig:
     environment's outcome), or a custom judge as `module:Class`."""
     votes: int = 3
     """m: samples per turn for the score, and again for the hint."""
+    decoding: str = "guided"
+    """guided: votes are sampled from the judge model's probabilities of the valid answers
+    (every vote valid, three short scoring passes), hints written as plain text after a
+    guided yes; free: the judge writes its reasoning and answer, parsed as OpenClaw-RL does."""
     temperature: float = 0.6
     """Sampling temperature of the votes."""
     max_tokens: int = 128
@@ -73,6 +81,8 @@ class JudgeConfig:
     """Score prompt: a file path, or a name in trainers/prompts/."""
     hint_template: str = "judge_hint"
     """Hint prompt: a file path, or a name in trainers/prompts/."""
+    hint_text_template: str = "judge_hint_text"
+    """guided decoding: the prompt that asks for the hint alone, after a guided yes."""
     hint_min_chars: int = 10
     """Hints of this many characters or fewer are rejected."""
     base_url: str | None = None
@@ -147,6 +157,10 @@ class TrainerConfig:
     """Positions per chunk when computing target log-probs (never the full logits)."""
     max_backlog: int = 64
     """Judged turns waiting for training before rollouts pause (the bounded queue)."""
+    overlap: bool = True
+    """Run rollout, judging and training concurrently; false alternates them strictly."""
+    wandb_project: str | None = None
+    """Also log metrics to this W&B project (needs `pip install wandb`)."""
 
 
 @dataclass
@@ -161,17 +175,13 @@ class RunConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
-    """Seeds task choice and sampling."""
+    """Seeds task choice, sampling and the LoRA initialisation."""
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     """Where the store, the export and the resolved config go."""
 
 
 def validate(config: RunConfig) -> None:
     """Raises ValueError, saying the fix, for any value the run cannot use."""
-    if config.env.episodes < 1:
-        raise ValueError(
-            f"env.episodes must be >= 1, got {config.env.episodes}; set env.episodes=4"
-        )
     if config.env.group_size < 1:
         raise ValueError(f"env.group_size must be >= 1, got {config.env.group_size}")
     if config.engine.backend != "embedded":

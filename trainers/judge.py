@@ -15,8 +15,11 @@ as `module:Class`. The prompt templates are files a user can replace.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
+import math
+import random
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -131,30 +134,29 @@ class LLMJudge:
     def __init__(
         self, config: JudgeConfig, voter: Engine, teacher: Engine, voter_adapter: str | None = BASE
     ):
-        self.config, self.voter, self.teacher, self.voter_adapter = (
-            config,
-            voter,
-            teacher,
-            voter_adapter,
-        )
+        if config.decoding not in ("guided", "free"):
+            raise ValueError(f"judge.decoding={config.decoding!r}: use guided or free")
+        self.config, self.voter, self.teacher = config, voter, teacher
+        self.voter_adapter = voter_adapter
         self.score_template = load_template(config.score_template)
         self.hint_template = load_template(config.hint_template)
+        self.hint_text_template = load_template(config.hint_text_template)
 
     def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
         if turn.next_state is None:
             return None if session.status == "open" else Judgement()
         role, next_text = render_next_state(turn.next_state)
         fields = {"reply": _reply_text(turn.completion), "next_role": role, "next_state": next_text}
-        answers = self._sample(fill(self.score_template, fields))
-        votes = [parse_vote(a) for a in answers]
-        hint = teacher_logprobs = None
-        if want_hint:
-            hint = longest(
-                [
-                    parse_hint(a, self.config.hint_min_chars)
-                    for a in self._sample(fill(self.hint_template, fields))
-                ]
-            )
+        rng = random.Random(f"{turn.session_id}/{turn.index}")
+        guided = self.config.decoding == "guided"
+        score_prompt = fill(self.score_template, fields)
+        votes = (
+            self._guided_votes(score_prompt, (1, -1, 0), rng)
+            if guided
+            else self._free_votes(score_prompt)
+        )
+        hint = self._hint(fields, rng) if want_hint else None
+        teacher_logprobs = None
         if hint is not None:
             prompt = self.teacher.encode(with_hint(turn.prompt_messages, hint), turn.tools or None)
             teacher_logprobs = tuple(
@@ -163,6 +165,49 @@ class LLMJudge:
         return Judgement(
             tuple(v for v in votes if v is not None), majority(votes), hint, teacher_logprobs
         )
+
+    def _hint(self, fields: dict[str, str], rng: random.Random) -> str | None:
+        prompt = fill(self.hint_template, fields)
+        if self.config.decoding == "free":
+            return longest(
+                [parse_hint(a, self.config.hint_min_chars) for a in self._sample(prompt)]
+            )
+        if majority(self._guided_votes(prompt, (1, -1), rng)) != 1:
+            return None
+        texts = self._sample(fill(self.hint_text_template, fields))
+        return longest(
+            [
+                " ".join(t.split())
+                for t in texts
+                if len(" ".join(t.split())) > self.config.hint_min_chars
+            ]
+        )
+
+    def _free_votes(self, prompt: str) -> list[int | None]:
+        return [parse_vote(answer) for answer in self._sample(prompt)]
+
+    def _guided_votes(
+        self, prompt: str, options: Sequence[int], rng: random.Random
+    ) -> list[int | None]:
+        """m votes drawn from the judge's own probabilities of answering each option."""
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        prompt_ids = self.voter.encode(messages)
+        closing = len(self.voter.encode([*messages, {"role": "assistant", "content": ""}])) - len(
+            prompt_ids
+        )
+        scores = []
+        for option in options:
+            answer = {"role": "assistant", "content": f"\\boxed{{{option}}}"}
+            full = self.voter.encode([*messages, answer])
+            if full[: len(prompt_ids)] != prompt_ids:
+                raise ValueError(
+                    "the judge's chat template does not extend prompts; use judge.decoding=free"
+                )
+            # the option's tokens and the end-of-turn token after them
+            answer_ids = full[len(prompt_ids) : len(full) - closing + 1]
+            scores.append(sum(self.voter.score(prompt_ids, answer_ids, adapter=self.voter_adapter)))
+        weights = _softmax([s / max(self.config.temperature, 1e-6) for s in scores])
+        return rng.choices(list(options), weights=weights, k=self.config.votes)
 
     def _sample(self, prompt: str) -> list[str]:
         sampling = SamplingParams(
@@ -175,6 +220,12 @@ class LLMJudge:
                 for _ in range(self.config.votes)
             ]
             return [_text(f.result().message.get("content")) for f in futures]
+
+
+def _softmax(values: Sequence[float]) -> list[float]:
+    top = max(values)
+    exps = [math.exp(v - top) for v in values]
+    return [e / sum(exps) for e in exps]
 
 
 class EnvJudge:
@@ -202,7 +253,8 @@ def build_judge(config: JudgeConfig, engine: Engine) -> Judge:
                 "judge=remote needs judge.base_url=http://HOST:PORT/v1 and judge.model=NAME"
             )
         remote = RemoteEngine(config.base_url, api_key=config.api_key, model=config.model)
-        return LLMJudge(config, voter=remote, teacher=engine, voter_adapter=config.model)
+        free = dataclasses.replace(config, decoding="free")  # a remote server scores no ids
+        return LLMJudge(free, voter=remote, teacher=engine, voter_adapter=config.model)
     module, _, name = config.kind.partition(":")
     if not name:
         raise ValueError(f"judge.kind={config.kind!r}: use self, remote, env, or module:Class")

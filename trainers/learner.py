@@ -152,6 +152,8 @@ class Learner:
         self.step_count = 0
         self.version = 0
         self.trained_seqs: tuple[int, ...] = ()
+        self.ledger: list[list[int]] = []
+        """The store seqs trained at each step, in order: checkpointed with the weights."""
 
     def step(self, samples: list[TrainSample]) -> StepMetrics:
         """One optimiser step over `samples`; returns its metrics (the adapter is not saved)."""
@@ -165,6 +167,7 @@ class Learner:
         self.step_count += 1
         self.version += 1
         self.trained_seqs = tuple(s.seq for s in samples)
+        self.ledger.append(list(self.trained_seqs))
         advantages = [a for s in samples for a in s.advantages]
         total = sum(len(s.completion_ids) for s in samples)
         return StepMetrics(
@@ -286,6 +289,7 @@ class Learner:
             "step": self.step_count,
             "version": self.version,
             "trained_seqs": list(self.trained_seqs),
+            "ledger": self.ledger,
         }
         (staging / "state.json").write_text(json.dumps(state | {"cursor": cursor}))
         _fsync_tree(staging)
@@ -317,6 +321,7 @@ class Learner:
         state: dict[str, Any] = json.loads((found / "state.json").read_text())
         self.step_count, self.version = state["step"], state["version"]
         self.trained_seqs = tuple(state["trained_seqs"])
+        self.ledger = [list(seqs) for seqs in state["ledger"]]
         logger.info(
             "resumed from %s at step %d (adapter v%d)", found, self.step_count, self.version
         )

@@ -1,32 +1,39 @@
-"""The main entry point: `python -m trainers.run [env=...] [model=...] [key=value ...]`.
+"""The main entry point: train a policy from interaction.
 
-Until the learning loop lands (issue "The learning loop"), a run is the rollout half of
-training, for real and end to end: the policy model, served by the embedded engine,
-plays episodes of an environment through its tools; every turn goes token-exactly into
-the run's store; the store is exported to parquet, and a summary is printed. Example:
+    python -m trainers.run                                  # embedded defaults
+    python -m trainers.run env=chat method=combine model=tiny trainer.max_steps=2
+    python -m trainers.run env=arith method=binary env.group_size=4
 
-    python -m trainers.run model=tiny env.episodes=2
+Hydra composes the typed config of `trainers/config.py` from the groups under
+`trainers/conf/` (env, method, model, engine, judge). A run directory receives the
+resolved config, the store, the adapters (adapters/v<N>), checkpoints, metrics
+(metrics.jsonl and TensorBoard) and summary.json; the same directory resumes a run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import hydra
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 import envs  # noqa: F401  (registers the clawgym/ environments)
-from agents.engines.base import SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.rollout import EpisodeSummary, run_episode
 from agents.store import Store
+from agents.trajectory import TurnStatus
 from trainers.config import RunConfig, register_configs, validate
+from trainers.judge import build_judge
+from trainers.learner import Learner
+from trainers.metrics import MetricsWriter
+from trainers.pipeline import Pipeline, Progress
 
 logger = logging.getLogger(__name__)
 
@@ -36,71 +43,120 @@ class RunSummary:
     """What a run did, as printed and written to `summary.json`."""
 
     run_dir: str
+    method: str
+    steps: int
+    adapter_version: int
     episodes: int
-    mean_reward: float
-    solved: int
-    turns: int
-    prompt_tokens: int
-    completion_tokens: int
+    turns_collected: int
+    turns_trained: int
+    turns_dropped: int
+    first_loss: float | None
+    last_loss: float | None
+    recent_reward: float
+    logprob_gap: float | None
     wall_s: float
-    tokens_per_s: float
-    store: str
-    export: str
 
 
-def rollouts(config: RunConfig, run_dir: Path) -> RunSummary:
-    """Plays `config.env.episodes` episodes with the policy and stores every turn."""
+def train(config: RunConfig, run_dir: Path) -> RunSummary:
+    """Runs the pipeline of `config` in `run_dir` until `trainer.max_steps` steps are done."""
     validate(config)
+    torch.manual_seed(config.seed)
     started = time.monotonic()
-    env = gym.make(config.env.id, **config.env.kwargs)
     engine = EmbeddedEngine(config.model.name, threads=config.engine.threads)
     store = Store(run_dir / "store.sqlite")
-    task_ids = list(env.unwrapped.task_ids())  # type: ignore[attr-defined]
-    chooser = random.Random(config.seed)
-    results: list[EpisodeSummary] = []
+    metrics = MetricsWriter(run_dir, config.trainer.wandb_project)
+    learner = Learner(config.model.name, config.trainer, run_dir)
+    make_env = None
+    if config.env.users != "live":
+        make_env = lambda: gym.make(config.env.id, **config.env.kwargs)  # noqa: E731
+    pipeline = Pipeline(
+        config,
+        run_dir,
+        engine,
+        store,
+        learner,
+        build_judge(config.judge, engine),
+        make_env,
+        metrics=metrics,
+    )
     try:
-        while len(results) < config.env.episodes:
-            task_id = chooser.choice(task_ids)
-            group_id = f"group-{len(results)}"
-            for _ in range(min(config.env.group_size, config.env.episodes - len(results))):
-                sampling = SamplingParams(
-                    temperature=config.sampling.temperature,
-                    top_p=config.sampling.top_p,
-                    max_tokens=config.sampling.max_tokens,
-                    seed=config.seed * 100_003 + len(results),
-                )
-                results.append(
-                    run_episode(
-                        env,
-                        engine,
-                        store,
-                        env_id=config.env.id,
-                        task_id=task_id,
-                        seed=config.seed + len(results),
-                        group_id=group_id,
-                        sampling=sampling,
-                    )
-                )
-        export = store.export_parquet(run_dir / "turns.parquet")
+        with _live_progress(pipeline.progress, config.trainer.max_steps):
+            steps = pipeline.run(overlap=config.trainer.overlap)
+        return RunSummary(
+            run_dir=str(run_dir),
+            method=config.method.name,
+            steps=len(steps),
+            adapter_version=learner.version,
+            episodes=pipeline.progress.episodes,
+            turns_collected=store.count_turns(),
+            turns_trained=store.count_turns(TurnStatus.TRAINED),
+            turns_dropped=store.count_turns(TurnStatus.DROPPED),
+            first_loss=steps[0].loss if steps else None,
+            last_loss=steps[-1].loss if steps else None,
+            recent_reward=round(pipeline.progress.mean_recent_reward, 4),
+            logprob_gap=_mean_gap(steps),
+            wall_s=round(time.monotonic() - started, 1),
+        )
     finally:
+        metrics.close()
         store.close()
         engine.close()
-        env.close()
-    wall = time.monotonic() - started
-    completion_tokens = sum(r.completion_tokens for r in results)
-    return RunSummary(
-        run_dir=str(run_dir),
-        episodes=len(results),
-        mean_reward=sum(r.total_reward for r in results) / len(results),
-        solved=sum(r.total_reward > 0 for r in results),
-        turns=sum(r.turns for r in results),
-        prompt_tokens=sum(r.prompt_tokens for r in results),
-        completion_tokens=completion_tokens,
-        wall_s=round(wall, 2),
-        tokens_per_s=round(completion_tokens / wall, 2),
-        store=str(run_dir / "store.sqlite"),
-        export=str(export),
-    )
+
+
+def _mean_gap(steps: list[Any]) -> float | None:
+    gaps = [s.logprob_gap for s in steps if s.logprob_gap > 0]
+    return sum(gaps) / len(gaps) if gaps else None
+
+
+class _live_progress:  # noqa: N801 (used as a context manager)
+    """A rich progress bar with live reward, loss and throughput, refreshed by a thread."""
+
+    def __init__(self, progress: Progress, total: int):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+        from rich.progress import (
+            Progress as Bar,
+        )
+
+        self.progress, self.started = progress, time.monotonic()
+        self.bar = Bar(
+            TextColumn("training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+        )
+        self.task = self.bar.add_task("", total=total)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh, daemon=True)
+
+    def __enter__(self) -> None:
+        self.bar.start()
+        self._thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._update()
+        self.bar.stop()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(0.5):
+            self._update()
+
+    def _update(self) -> None:
+        p = self.progress
+        loss = f"{p.steps[-1].loss:+.4f}" if p.steps else "-"
+        rate = p.turns_judged / max(time.monotonic() - self.started, 1e-6)
+        text = (
+            f"reward {p.mean_recent_reward:.3f} | loss {loss} | episodes {p.episodes} | "
+            f"judged {p.turns_judged} ({rate:.2f}/s) | trained {p.turns_trained}"
+        )
+        self.bar.update(self.task, completed=len(p.steps), description=text)
 
 
 def _report(summary: RunSummary) -> None:
@@ -111,7 +167,7 @@ def _report(summary: RunSummary) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in asdict(summary).items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     Console().print(table)
 
 
@@ -124,7 +180,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    summary = rollouts(config, run_dir)
+    summary = train(config, run_dir)
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     _report(summary)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from agents.engines.base import Completion
+from agents.engines.base import Completion, SamplingParams
 from agents.trajectory import Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
 from trainers.config import JudgeConfig
@@ -9,6 +9,7 @@ from trainers.judge import (
     EnvJudge,
     LLMJudge,
     build_judge,
+    fill,
     longest,
     majority,
     parse_hint,
@@ -106,7 +107,7 @@ class ScriptedVoter:
 
 def judged_turn(tiny_engine):
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
-    completion = tiny_engine.generate(messages)
+    completion = tiny_engine.generate(messages, sampling=SamplingParams(max_tokens=16, seed=0))
     return make_turn(
         prompt_messages=tuple(messages),
         prompt_token_ids=completion.prompt_token_ids,
@@ -127,7 +128,7 @@ def test_llm_judge_votes_hints_and_scores_the_teacher_with_the_real_model(tiny_e
             "[HINT_START]Short.[HINT_END]\\boxed{1}",
         ],
     )
-    judge = LLMJudge(JudgeConfig(votes=3), voter=voter, teacher=tiny_engine)
+    judge = LLMJudge(JudgeConfig(votes=3, decoding="free"), voter=voter, teacher=tiny_engine)
     judgement = judge.judge(turn, Session("s", "e"), want_hint=True)
     assert judgement.votes == (-1, -1) and judgement.score == -1.0
     assert judgement.hint == "Reply with the number only."
@@ -139,7 +140,9 @@ def test_llm_judge_votes_hints_and_scores_the_teacher_with_the_real_model(tiny_e
 
 
 def test_turn_without_next_state_waits_while_its_session_is_open(tiny_engine):
-    judge = LLMJudge(JudgeConfig(votes=1), voter=ScriptedVoter([], []), teacher=tiny_engine)
+    judge = LLMJudge(
+        JudgeConfig(votes=1, decoding="free"), voter=ScriptedVoter([], []), teacher=tiny_engine
+    )
     turn = make_turn()
     assert judge.judge(turn, Session("s", "e"), want_hint=False) is None
     closed = judge.judge(turn, Session("s", "e", status=SessionStatus.DONE), want_hint=False)
@@ -184,3 +187,39 @@ def test_templates_fill_their_slots_once_and_keep_other_braces():
     assert filled == "R: says {next_state} / N (user): ok -> \\boxed{1}"
     assert "{reply}" in load_template("judge_score")
     assert "[HINT_START]" in load_template("judge_hint")
+
+
+def test_guided_votes_are_always_valid_and_follow_the_judge_models_probabilities(tiny_engine):
+    turn = judged_turn(tiny_engine)
+    judge = LLMJudge(
+        JudgeConfig(votes=5, decoding="guided"), voter=tiny_engine, teacher=tiny_engine
+    )
+    judgement = judge.judge(turn, Session("s", "e"), want_hint=False)
+    assert len(judgement.votes) == 5 and set(judgement.votes) <= {1, -1, 0}
+    # at a near-zero temperature every vote is the option the model finds likeliest
+    cold = LLMJudge(
+        JudgeConfig(votes=5, decoding="guided", temperature=1e-4),
+        voter=tiny_engine,
+        teacher=tiny_engine,
+    )
+    votes = cold.judge(turn, Session("s", "e"), want_hint=False).votes
+    role, text = render_next_state(turn.next_state)
+    prompt = [
+        {
+            "role": "user",
+            "content": fill(
+                judge.score_template,
+                {"reply": turn.completion["content"] or "", "next_role": role, "next_state": text},
+            ),
+        }
+    ]
+    prompt_ids = tiny_engine.encode(prompt)
+    end_of_turn = tiny_engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def likelihood(option):
+        answer = tiny_engine.tokenizer(f"\\boxed{{{option}}}", add_special_tokens=False)[
+            "input_ids"
+        ]
+        return sum(tiny_engine.score(prompt_ids, [*answer, end_of_turn]))
+
+    assert votes == (max((1, -1, 0), key=likelihood),) * 5

@@ -1,55 +1,100 @@
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import datasets
 import pytest
 
 from agents.store import Store
+from agents.trajectory import TurnStatus
 from trainers.config import RunConfig, validate
 
 ROOT = Path(__file__).resolve().parents[2]
+# Small enough for a 2-core CPU: one question per conversation, short replies, two turns a step.
+TINY = [
+    "model=tiny",
+    "env.kwargs.questions_per_episode=1",
+    "sampling.max_tokens=8",
+    "judge.max_tokens=16",
+    "trainer.batch_turns=2",
+    "trainer.lora_rank=4",
+]
 
 
-def test_main_job_runs_end_to_end_on_tiny(tmp_path):
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainers.run",
-            "model=tiny",
-            "env.episodes=3",
-            "env.group_size=2",
-            "sampling.max_tokens=12",
-            f"run_dir={run_dir}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["episodes"] == 3
+def train(run_dir, *overrides, wait=True):
+    command = [sys.executable, "-m", "trainers.run", *TINY, f"run_dir={run_dir}", *overrides]
+    if not wait:
+        return subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("method", ["binary", "opd", "combine"])
+def test_each_method_trains_two_steps_on_chat_and_leaves_two_adapters(tmp_path, method):
+    run_dir = tmp_path / method
+    summary = train(run_dir, f"method={method}", "trainer.max_steps=2")
+    assert (summary["method"], summary["steps"], summary["adapter_version"]) == (method, 2, 2)
+    assert (run_dir / "adapters" / "v1" / "adapter_model.safetensors").exists()
+    assert (run_dir / "adapters" / "v2" / "adapter_model.safetensors").exists()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["turns"] >= 2 for r in rows)
+    assert list((run_dir / "tensorboard").iterdir())
+    assert "name: " + method in (run_dir / "config.yaml").read_text()
     with Store(run_dir / "store.sqlite") as store:
-        sessions = store.sessions()
-        assert len(sessions) == 3
-        assert [s.group_id for s in sessions] == ["group-0", "group-0", "group-2"]
-        assert store.count_turns() == summary["turns"] > 0
-    exported = datasets.Dataset.from_parquet(str(run_dir / "turns.parquet"))
-    assert len(exported) == summary["turns"]
-    assert "model:\n  name: tiny" in (run_dir / "config.yaml").read_text()
+        assert (
+            store.count_turns(TurnStatus.TRAINED)
+            == summary["turns_trained"]
+            == sum(r["turns"] for r in rows)
+        )
+        if method == "opd":  # OPD trains only turns the judge wrote a hint for
+            assert all(
+                t.judgement.teacher_logprobs for _, t in store.turns(status=TurnStatus.TRAINED)
+            )
+
+
+def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp_path):
+    run_dir = tmp_path / "run"
+    victim = train(run_dir, "method=binary", "trainer.max_steps=4", wait=False)
+    deadline = time.monotonic() + 600
+    while not (run_dir / "checkpoints" / "latest" / "state.json").exists():
+        assert victim.poll() is None, victim.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=60)
+    with Store(run_dir / "store.sqlite") as store:
+        before = {seq for seq, _ in store.turns()}
+
+    summary = train(run_dir, "method=binary", "trainer.max_steps=4")
+    state = json.loads((run_dir / "checkpoints" / "latest" / "state.json").read_text())
+    ledger = [seq for step in state["ledger"] for seq in step]
+    assert state["step"] == summary["adapter_version"] == 4 and len(state["ledger"]) == 4
+    assert len(ledger) == len(set(ledger)), "a turn was trained twice"
+    with Store(run_dir / "store.sqlite") as store:
+        statuses = {seq: turn.status for seq, turn in store.turns()}
+    assert before <= set(statuses), "a turn stored before the kill is gone"
+    assert {s for s, status in statuses.items() if status == TurnStatus.TRAINED} == set(ledger)
 
 
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        (lambda c: setattr(c.env, "episodes", 0), "env.episodes"),
         (lambda c: setattr(c.env, "group_size", 0), "env.group_size"),
         (lambda c: setattr(c.engine, "backend", "tgi"), "engine=embedded"),
         (lambda c: setattr(c.env, "id", "CartPole-v1"), "clawgym/"),
+        (lambda c: setattr(c.method, "name", "ppo"), "method=binary"),
+        (lambda c: setattr(c.judge, "kind", "remote"), "judge.base_url"),
+        (
+            lambda c: (setattr(c.method, "name", "opd"), setattr(c.judge, "kind", "env")),
+            "LLM judge",
+        ),
+        (lambda c: setattr(c.trainer, "clip_low", 1.5), "clip_low"),
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):

@@ -1,0 +1,170 @@
+"""Does the policy learn? Each method's held-out preference score before and after training
+on the personal-agent environment, and the speed-up of overlapping the loops.
+
+    python -m benchmarks.learning [--model smollm2-135m] [--steps 16] [--persona brief]
+        [--methods binary opd combine] [--eval-tasks 20] [--speedup-steps 2] [--out DIR]
+
+Preference score: the persona's programmatic check (evaluation only, never a reward) of the
+policy's first reply on held-out tasks, greedy, as OpenClaw-RL's "personalisation score".
+Speed-up: wall time for the same number of steps with rollout, judging and training
+overlapped, against strictly alternating them. Prints a table and writes learning.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from rich.console import Console
+from rich.table import Table
+
+import envs  # noqa: F401  (registers the clawgym/ environments)
+from agents.engines.base import POLICY, SamplingParams
+from agents.engines.embedded import EmbeddedEngine
+from trainers.config import RunConfig
+from trainers.metrics import read_metrics
+from trainers.run import train
+
+logger = logging.getLogger(__name__)
+
+
+def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int) -> float:
+    """Mean first-reply preference score on held-out chat tasks, greedy."""
+    env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
+    task_ids = list(env.unwrapped.task_ids())[:tasks]  # type: ignore[attr-defined]
+    scores = []
+    for task_id in task_ids:
+        observation, info = env.reset(options={"task_id": task_id})
+        reply = engine.generate(
+            observation, None, SamplingParams(temperature=0.0, max_tokens=96), POLICY
+        )
+        _, _, _, _, info = env.step(dict(reply.message))
+        scores.append(float(info["first_reply_score"]))
+    env.close()
+    return sum(scores) / len(scores)
+
+
+def run_config(args: argparse.Namespace, method: str, steps: int, overlap: bool) -> RunConfig:
+    config = RunConfig()
+    config.model.name = args.model
+    config.method.name = method
+    config.env.id = "clawgym/Chat-v0"
+    config.env.kwargs = {"split": "train", "persona": args.persona, "questions_per_episode": 2}
+    config.env.outcome_is_reward = False
+    config.trainer.max_steps = steps
+    config.trainer.batch_turns = args.batch_turns
+    config.trainer.overlap = overlap
+    config.sampling.max_tokens = 96
+    config.judge.max_tokens = 48
+    return config
+
+
+def learn(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """Trains one method and scores the policy before and after."""
+    run_dir = args.out / method
+    summary = train(run_config(args, method, args.steps, overlap=True), run_dir)
+    engine = EmbeddedEngine(args.model)
+    before = held_out_score(engine, args.persona, args.eval_tasks)
+    engine.load_adapter(
+        str(run_dir / "adapters" / f"v{summary.adapter_version}"), summary.adapter_version
+    )
+    after = held_out_score(engine, args.persona, args.eval_tasks)
+    engine.close()
+    rewards = [row["recent_reward"] for row in read_metrics(run_dir)]
+    return {
+        "method": method,
+        "before": before,
+        "after": after,
+        "steps": summary.steps,
+        "wall_s": summary.wall_s,
+        "curve": rewards,
+    }
+
+
+def speedup(args: argparse.Namespace) -> tuple[float, float]:
+    """Wall seconds for `speedup_steps` binary steps, overlapped and alternating."""
+    walls = []
+    for overlap in (True, False):
+        started = time.monotonic()
+        train(
+            run_config(args, "binary", args.speedup_steps, overlap), args.out / f"speedup-{overlap}"
+        )
+        walls.append(time.monotonic() - started)
+    return walls[0], walls[1]
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["method"] for r in results]
+    positions = range(len(results))
+    bars.bar([p - 0.2 for p in positions], [r["before"] for r in results], 0.4, label="before")
+    bars.bar([p + 0.2 for p in positions], [r["after"] for r in results], 0.4, label="after")
+    bars.set_xticks(list(positions), names)
+    bars.set_ylim(0, 1)
+    bars.set_ylabel("held-out preference score")
+    bars.legend()
+    for result in results:
+        curves.plot(
+            range(1, len(result["curve"]) + 1), result["curve"], marker="o", label=result["method"]
+        )
+    curves.set_xlabel("step")
+    curves.set_ylabel("recent episode reward (judge-free env: 0)")
+    curves.set_title("training")
+    curves.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--batch-turns", type=int, default=8)
+    parser.add_argument("--persona", default="brief")
+    parser.add_argument("--methods", nargs="+", default=["binary", "opd", "combine"])
+    parser.add_argument("--eval-tasks", type=int, default=20)
+    parser.add_argument("--speedup-steps", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    results = [learn(args, method) for method in args.methods]
+    table = Table(
+        title=f"learning on Chat-v0 ({args.persona}), {args.model}, "
+        f"{args.steps} steps of {args.batch_turns} turns"
+    )
+    for column in ("method", "score before", "score after", "change", "train wall s"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for r in results:
+        table.add_row(
+            r["method"],
+            f"{r['before']:.3f}",
+            f"{r['after']:.3f}",
+            f"{r['after'] - r['before']:+.3f}",
+            f"{r['wall_s']:.0f}",
+        )
+    console = Console()
+    console.print(table)
+    if args.speedup_steps:
+        overlapped, alternating = speedup(args)
+        console.print(
+            f"async speed-up, {args.speedup_steps} steps: overlapped {overlapped:.0f} s, "
+            f"alternating {alternating:.0f} s, ratio {alternating / overlapped:.2f}x"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(results, args.out / "learning.png")
+    (args.out / "learning.json").write_text(json.dumps(results, indent=2))
+    console.print(f"plot: {args.out / 'learning.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+import pytest
+
+from agents.trajectory import Judgement, Session, SessionStatus
+from tests.agents.test_trajectory import make_turn
+from trainers.config import MethodConfig
+from trainers.samples import select, turn_reward
+
+ROLLOUT = (-1.0, -2.0)
+
+
+def turn(session, index=0, score=None, teacher=None, version=3):
+    judgement = (
+        None if score is None else Judgement(votes=(), score=score, teacher_logprobs=teacher)
+    )
+    return make_turn(
+        session_id=session,
+        index=index,
+        completion_logprobs=ROLLOUT,
+        judgement=judgement,
+        policy_version=version,
+    )
+
+
+def sessions(*specs):
+    return {
+        sid: Session(sid, "e", group_id=group, outcome_reward=outcome, status=SessionStatus.DONE)
+        for sid, group, outcome in specs
+    }
+
+
+def run(judged, found, method="binary", outcome_is_reward=True, **changes):
+    return select(
+        judged,
+        found,
+        MethodConfig(name=method, **changes),
+        outcome_is_reward=outcome_is_reward,
+        current_version=3,
+        max_staleness=1,
+    )
+
+
+def test_binary_centres_outcomes_within_a_group_at_each_step():
+    found = sessions(("a", "g", 1.0), ("b", "g", 0.0), ("c", "g", 0.0), ("d", "g", 1.0))
+    judged = [
+        (1, turn("a")),
+        (2, turn("b")),
+        (3, turn("c")),
+        (4, turn("d")),
+        (5, turn("a", index=1)),
+    ]
+    result = run(judged, found, use_judge=False)
+    advantages = {s.seq: s.advantages for s in result.samples}
+    # step 0: mean 0.5; step 1 has one turn, which keeps its reward like any singleton
+    assert advantages == {
+        1: (0.5, 0.5),
+        2: (-0.5, -0.5),
+        3: (-0.5, -0.5),
+        4: (0.5, 0.5),
+        5: (1.0, 1.0),
+    }
+    found["e"] = Session("e", "e", group_id="h", outcome_reward=1.0)
+    found["f"] = Session("f", "e", group_id="h", outcome_reward=1.0)
+    uniform = run([(6, turn("e")), (7, turn("f"))], found, use_judge=False)
+    assert uniform.samples == () and uniform.dropped == (
+        6,
+        7,
+    )  # nothing to learn from a uniform group
+
+
+def test_binary_live_turns_keep_the_judge_score_and_ties_are_masked():
+    found = sessions(("x", None, None), ("y", None, None))
+    judged = [
+        (1, turn("x", score=1.0)),
+        (2, turn("y", score=0.0)),
+        (3, turn("x", index=1, score=-1.0)),
+    ]
+    result = run(judged, found)
+    assert {s.seq: s.advantages[0] for s in result.samples} == {1: 1.0, 3: -1.0}
+    assert result.dropped == (2,)
+
+
+def test_outcome_is_ignored_where_the_env_says_it_is_no_reward():
+    found = sessions(("x", None, 0.0))
+    assert (
+        turn_reward(turn("x", score=1.0), found["x"], MethodConfig(), outcome_is_reward=False)
+        == 1.0
+    )
+    assert (
+        turn_reward(turn("x", score=1.0), found["x"], MethodConfig(), outcome_is_reward=True) == 1.0
+    )
+    assert (
+        turn_reward(turn("x", score=0.0), found["x"], MethodConfig(), outcome_is_reward=False)
+        is None
+    )
+
+
+def test_opd_trains_only_hinted_turns_on_teacher_minus_rollout():
+    found = sessions(("x", None, None))
+    judged = [(1, turn("x", score=1.0, teacher=(-0.5, -2.5))), (2, turn("x", index=1, score=-1.0))]
+    result = run(judged, found, method="opd")
+    assert [(s.seq, s.advantages) for s in result.samples] == [(1, (0.5, -0.5))]
+    assert result.dropped == (2,)
+
+
+@pytest.mark.parametrize(
+    ("score", "teacher", "expected"),
+    [
+        (1.0, (-0.5, -2.5), (1.5, 0.5)),
+        (0.0, (-0.5, -2.5), (0.5, -0.5)),
+        (-1.0, None, (-1.0, -1.0)),
+        (0.0, None, None),
+    ],
+)
+def test_combine_dispatch_on_stored_turns(score, teacher, expected):
+    result = run(
+        [(1, turn("x", score=score, teacher=teacher))],
+        sessions(("x", None, None)),
+        method="combine",
+    )
+    if expected is None:
+        assert result.samples == () and result.dropped == (1,)
+    else:
+        assert result.samples[0].advantages == pytest.approx(expected)
+
+
+def test_stale_turns_are_dropped_and_counted():
+    found = sessions(("x", None, None))
+    result = run(
+        [(1, turn("x", score=1.0, version=1)), (2, turn("x", index=1, score=1.0, version=2))], found
+    )
+    assert [s.seq for s in result.samples] == [2]
+    assert (result.dropped, result.stale) == ((1,), 1)

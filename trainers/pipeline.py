@@ -1,0 +1,333 @@
+"""The asynchronous pipeline: rollout, judging and training loops that never wait for each
+other, meeting only at the store (and the serving loop, which runs beside them).
+
+- rollout: plays groups of episodes (`env.group_size` rollouts of one task, concurrently,
+  so a batching engine batches them) and stores every turn; it pauses while more than
+  `trainer.max_backlog` turns wait to be trained (the bounded queue);
+- judging: reads collected main turns, asks the judge, stores the judgement;
+- training: once enough judged turns of complete groups are there, selects samples by the
+  method, takes one optimiser step, checkpoints, marks the turns, and publishes the new
+  adapter to the engine, which swaps it in without stopping service.
+
+With `overlap=False` the same three phases run strictly one after the other (the baseline of
+the async-speedup benchmark). A restart on the same run directory resumes from the last
+checkpoint: turns it trained are marked trained, turns it did not are trained later.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from agents.engines.base import Engine, SamplingParams
+from agents.rollout import EpisodeSummary, run_episode
+from agents.store import Store
+from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
+from trainers.config import RunConfig
+from trainers.judge import Judge
+from trainers.learner import Learner, StepMetrics
+from trainers.metrics import MetricsWriter
+from trainers.samples import Selection, select
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[str, int], None]
+
+
+@dataclass
+class Progress:
+    """Live counters, read by the progress display (plain ints: reads need no lock)."""
+
+    episodes: int = 0
+    episode_reward: float = 0.0
+    turns_judged: int = 0
+    turns_trained: int = 0
+    turns_dropped: int = 0
+    steps: list[StepMetrics] = field(default_factory=list)
+    recent_rewards: list[float] = field(default_factory=list)
+
+    @property
+    def mean_recent_reward(self) -> float:
+        window = self.recent_rewards[-32:]
+        return sum(window) / len(window) if window else 0.0
+
+
+class Pipeline:
+    """Runs the loops of one training run.
+
+    Args:
+        config: the run's config.
+        run_dir: where metrics go (the store, adapters and checkpoints live there too).
+        engine: serves the policy for the rollouts.
+        store: the run's store.
+        learner: the LoRA learner.
+        judge: scores turns and writes hints.
+        make_env: builds one environment instance; None when only live clients feed the store.
+        publish: hands a new adapter version to the server (defaults to the engine).
+        metrics: where step metrics go.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        engine: Engine,
+        store: Store,
+        learner: Learner,
+        judge: Judge,
+        make_env: Callable[[], gym.Env[Any, Any]] | None,
+        publish: Publish | None = None,
+        metrics: MetricsWriter | None = None,
+    ):
+        self.config, self.run_dir, self.engine, self.store = config, Path(run_dir), engine, store
+        self.learner, self.judge, self.make_env = learner, judge, make_env
+        self.publish = publish or engine.load_adapter
+        self.metrics = metrics
+        self.progress = Progress()
+        self._stop = threading.Event()
+        self._envs: list[gym.Env[Any, Any]] = []
+        self._envs_lock = threading.Lock()
+        self._task_ids: list[str] = []
+        self._group = 0
+
+    # -- running -------------------------------------------------------------------------
+    def run(self, overlap: bool = True) -> list[StepMetrics]:
+        """Trains for `trainer.max_steps` steps; returns each step's metrics."""
+        self.resume()
+        if self.make_env is not None:
+            probe = self._borrow_env()
+            self._task_ids = list(probe.unwrapped.task_ids())  # type: ignore[attr-defined]
+            random.Random(self.config.seed).shuffle(self._task_ids)
+            # a resumed run goes on with new tasks and seeds, not the ones it already played
+            self._group = len(self.store.sessions()) // self.config.env.group_size
+            self._return_env(probe)
+        try:
+            if overlap:
+                self._run_overlapped()
+            else:
+                self._run_alternating()
+        finally:
+            self._stop.set()
+            for env in self._envs:
+                env.close()
+        return self.progress.steps
+
+    def stop(self) -> None:
+        """Asks every loop to finish what it is doing and return."""
+        self._stop.set()
+
+    def _run_overlapped(self) -> None:
+        loops = [threading.Thread(target=self._judge_loop, name="judge", daemon=True)]
+        if self.make_env is not None:
+            loops.append(threading.Thread(target=self._rollout_loop, name="rollout", daemon=True))
+        for loop in loops:
+            loop.start()
+        try:
+            while (
+                self.learner.step_count < self.config.trainer.max_steps and not self._stop.is_set()
+            ):
+                if self._train_once() is None:
+                    time.sleep(0.05)
+                for loop in loops:
+                    if not loop.is_alive() and not self._stop.is_set():
+                        raise RuntimeError(f"the {loop.name} loop died; see the log above")
+        finally:
+            self._stop.set()
+            for loop in loops:
+                loop.join(timeout=600)
+
+    def _run_alternating(self) -> None:
+        if self.make_env is None:
+            raise ValueError("overlap=False needs an environment to roll out")
+        while self.learner.step_count < self.config.trainer.max_steps:
+            while self.store.count_turns(TurnStatus.COLLECTED) < self.config.trainer.batch_turns:
+                self._play_group()
+            while self._judge_pending():
+                pass
+            if self._train_once() is None:
+                self._play_group()
+
+    def resume(self) -> None:
+        """Restores the last checkpoint and reconciles the store with it."""
+        state = self.learner.load_checkpoint()
+        if state is None:
+            return
+        self.store.mark_trained(self.learner.trained_seqs)
+        adapter = self.run_dir / "adapters" / f"v{self.learner.version}"
+        self.publish(str(adapter), self.learner.version)
+        self.progress.turns_trained = self.store.count_turns(TurnStatus.TRAINED)
+
+    # -- rollout -------------------------------------------------------------------------
+    def _rollout_loop(self) -> None:
+        while not self._stop.is_set():
+            waiting = self.store.count_turns(TurnStatus.COLLECTED) + self.store.count_turns(
+                TurnStatus.JUDGED
+            )
+            if waiting >= self.config.trainer.max_backlog:
+                time.sleep(0.1)
+                continue
+            self._play_group()
+
+    def _play_group(self) -> list[EpisodeSummary]:
+        """`group_size` episodes of one task, played concurrently."""
+        size = self.config.env.group_size
+        task_id = self._task_ids[self._group % len(self._task_ids)]
+        group_id = f"{task_id}#{uuid.uuid4().hex[:8]}"
+        seeds = [self.config.seed * 100_003 + self._group * size + i for i in range(size)]
+        self._group += 1
+        with ThreadPoolExecutor(size) as pool:
+            results = list(pool.map(lambda seed: self._episode(task_id, group_id, seed), seeds))
+        for result in results:
+            self.progress.episodes += 1
+            self.progress.recent_rewards.append(result.total_reward)
+        return results
+
+    def _episode(self, task_id: str, group_id: str, seed: int) -> EpisodeSummary:
+        env = self._borrow_env()
+        try:
+            sampling = SamplingParams(
+                temperature=self.config.sampling.temperature,
+                top_p=self.config.sampling.top_p,
+                max_tokens=self.config.sampling.max_tokens,
+                seed=seed,
+            )
+            return run_episode(
+                env,
+                self.engine,
+                self.store,
+                env_id=self.config.env.id,
+                task_id=task_id,
+                seed=seed,
+                group_id=group_id,
+                sampling=sampling,
+            )
+        finally:
+            self._return_env(env)
+
+    def _borrow_env(self) -> gym.Env[Any, Any]:
+        assert self.make_env is not None
+        with self._envs_lock:
+            if self._envs:
+                return self._envs.pop()
+        return self.make_env()
+
+    def _return_env(self, env: gym.Env[Any, Any]) -> None:
+        with self._envs_lock:
+            self._envs.append(env)
+
+    # -- judging -------------------------------------------------------------------------
+    def _judge_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._judge_pending():
+                time.sleep(0.1)
+
+    def _judge_pending(self) -> bool:
+        """Judges the collected main turns that can be judged now; True if any were."""
+        pending = self.store.turns(status=TurnStatus.COLLECTED, turn_type=TurnType.MAIN, limit=256)
+        sessions = {
+            s.session_id: s
+            for s in self.store.sessions(session_ids={t.session_id for _, t in pending})
+        }
+        want_hint = self.config.method.name in ("opd", "combine")
+        judged = 0
+        for _, turn in pending:
+            if self._stop.is_set():
+                break
+            judgement = self.judge.judge(turn, sessions[turn.session_id], want_hint)
+            if judgement is not None:
+                self.store.set_judgement(turn.session_id, turn.index, judgement)
+                judged += 1
+        self.progress.turns_judged += judged
+        return judged > 0
+
+    # -- training ------------------------------------------------------------------------
+    def _train_once(self) -> StepMetrics | None:
+        """One optimiser step if enough judged turns are ready; None otherwise."""
+        ready, sessions = self._ready_turns()
+        if len(ready) < self.config.trainer.batch_turns:
+            return None
+        selection = self._select(ready, sessions)
+        if len(selection.samples) < self.config.trainer.batch_turns:
+            if len(ready) >= self.config.trainer.max_backlog:  # never starve on dropped turns
+                self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
+                self.progress.turns_dropped += len(selection.dropped)
+            return None
+        metrics = self.learner.step(list(selection.samples))
+        adapter = self.learner.save_adapter()
+        self.learner.save_checkpoint(
+            {"trained_turns": self.progress.turns_trained + len(selection.samples)}
+        )
+        self.store.mark_trained([s.seq for s in selection.samples])
+        self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
+        self.publish(str(adapter), self.learner.version)
+        self.progress.turns_trained += len(selection.samples)
+        self.progress.turns_dropped += len(selection.dropped)
+        self.progress.steps.append(metrics)
+        self._log_metrics(metrics, selection)
+        return metrics
+
+    def _select(self, ready: list[tuple[int, Turn]], sessions: dict[str, Session]) -> Selection:
+        return select(
+            ready,
+            sessions,
+            self.config.method,
+            outcome_is_reward=self.config.env.outcome_is_reward,
+            current_version=self.learner.version,
+            max_staleness=self.config.trainer.max_staleness,
+        )
+
+    def _ready_turns(self) -> tuple[list[tuple[int, Turn]], dict[str, Session]]:
+        """Judged main turns whose whole group is finished and judged (for the baseline)."""
+        judged = self.store.turns(status=TurnStatus.JUDGED, turn_type=TurnType.MAIN)
+        sessions = {
+            s.session_id: s
+            for s in self.store.sessions(session_ids={t.session_id for _, t in judged})
+        }
+        groups = {s.group_id for s in sessions.values() if s.group_id}
+        members = self.store.group_sessions(groups)
+        sessions |= {s.session_id: s for s in members}
+        unjudged = {
+            t.session_id
+            for _, t in self.store.turns(status=TurnStatus.COLLECTED, turn_type=TurnType.MAIN)
+        }
+        size = self.config.env.group_size
+        complete = set()
+        for group in groups:
+            mates = [s for s in members if s.group_id == group]
+            finished = all(
+                s.status != SessionStatus.OPEN and s.session_id not in unjudged for s in mates
+            )
+            if finished and len(mates) >= size:
+                complete.add(group)
+        ready = [
+            (q, t) for q, t in judged if (sessions[t.session_id].group_id or "") in complete | {""}
+        ]
+        return ready, sessions
+
+    def _log_metrics(self, metrics: StepMetrics, selection: Selection) -> None:
+        row = asdict(metrics) | {
+            "dropped": len(selection.dropped),
+            "stale": selection.stale,
+            "episodes": self.progress.episodes,
+            "recent_reward": self.progress.mean_recent_reward,
+        }
+        if self.metrics is not None:
+            self.metrics.write(metrics.step, row)
+        logger.info(
+            "step %d: loss %.4f, %d turns, reward %.3f, %.1fs",
+            metrics.step,
+            metrics.loss,
+            metrics.turns,
+            self.progress.mean_recent_reward,
+            metrics.seconds,
+        )

@@ -1,0 +1,115 @@
+"""From judged turns to training samples, per method (REFERENCE.md's rules).
+
+A turn's reward mixes the judge's majority score and its episode's outcome reward
+(`advantages.mix_rewards`). With several rollouts of one task in a batch, the reward is
+centred over the turns of that group at the same step index (OpenClaw-RL's step-wise
+baseline); a live conversation, alone in its group, keeps its raw reward. Turns that carry
+no signal under the method, or that come from an adapter older than `max_staleness`
+versions, are dropped: consumed, never trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from agents.trajectory import Session, Turn
+from trainers.advantages import (
+    combine_advantages,
+    group_baseline,
+    is_stale,
+    mix_rewards,
+    opd_advantages,
+)
+from trainers.config import MethodConfig
+from trainers.learner import TrainSample
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a batch of judged turns becomes."""
+
+    samples: tuple[TrainSample, ...]
+    dropped: tuple[int, ...]
+    """Sequence numbers of turns consumed without training."""
+    stale: int
+    """How many of the dropped were too old."""
+
+
+def turn_reward(
+    turn: Turn, session: Session, method: MethodConfig, outcome_is_reward: bool
+) -> float | None:
+    """The scalar reward of one turn, or None when it has no signal."""
+    judge_score = turn.judgement.score if (method.use_judge and turn.judgement) else None
+    outcome = session.outcome_reward if (method.use_env_reward and outcome_is_reward) else None
+    return mix_rewards(judge_score, outcome)
+
+
+def select(
+    judged: Sequence[tuple[int, Turn]],
+    sessions: Mapping[str, Session],
+    method: MethodConfig,
+    *,
+    outcome_is_reward: bool,
+    current_version: int,
+    max_staleness: int,
+) -> Selection:
+    """Training samples from judged turns, with the seqs of those dropped."""
+    fresh = [
+        (s, t) for s, t in judged if not is_stale(t.policy_version, current_version, max_staleness)
+    ]
+    dropped = [s for s, t in judged if is_stale(t.policy_version, current_version, max_staleness)]
+    rewards = {
+        s: turn_reward(t, sessions[t.session_id], method, outcome_is_reward) for s, t in fresh
+    }
+    centred = _centred(fresh, rewards, sessions, method.scale_by_std)
+    samples = []
+    for seq, turn in fresh:
+        advantages = _advantages(turn, rewards[seq], centred.get(seq), method)
+        if advantages is None:
+            dropped.append(seq)
+            continue
+        samples.append(
+            TrainSample(
+                seq=seq,
+                prompt_ids=turn.prompt_token_ids,
+                completion_ids=turn.completion_token_ids,
+                rollout_logprobs=turn.completion_logprobs,
+                advantages=tuple(advantages.tolist()),
+                policy_version=turn.policy_version,
+            )
+        )
+    return Selection(tuple(samples), tuple(dropped), stale=len(judged) - len(fresh))
+
+
+def _centred(
+    turns: Sequence[tuple[int, Turn]],
+    rewards: Mapping[int, float | None],
+    sessions: Mapping[str, Session],
+    scale_by_std: bool,
+) -> dict[int, float]:
+    """Rewards minus their (group, step index) mean; turns without reward are left out."""
+    rated = [(s, t) for s, t in turns if rewards[s] is not None]
+    if not rated:
+        return {}
+    keys = [(sessions[t.session_id].group_id or t.session_id, t.index) for _, t in rated]
+    values = torch.tensor([float(rewards[s] or 0.0) for s, _ in rated])
+    centred = group_baseline(values, keys, scale_by_std)
+    return {s: float(a) for (s, _), a in zip(rated, centred, strict=True)}
+
+
+def _advantages(
+    turn: Turn, reward: float | None, centred: float | None, method: MethodConfig
+) -> torch.Tensor | None:
+    rollout = torch.tensor(turn.completion_logprobs)
+    teacher = turn.judgement.teacher_logprobs if turn.judgement else None
+    teacher_tensor = None if teacher is None else torch.tensor(teacher)
+    if method.name == "binary":
+        # A zero advantage (a uniform group) would train on nothing: drop it instead.
+        return None if not centred else torch.full_like(rollout, centred)
+    if method.name == "opd":
+        return None if teacher_tensor is None else opd_advantages(teacher_tensor, rollout)
+    score = 0.0 if centred is None else centred
+    return combine_advantages(rollout, teacher_tensor, score, method.w_opd, method.w_rl)
