@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: setup train test lint bench-store
+.PHONY: setup train test lint bench-store bench-gui bench-sandbox bench-serving
 
 setup:
 	bash scripts/setup.sh
@@ -25,3 +25,12 @@ test: setup lint
 
 bench-store: setup
 	$(PY) -m benchmarks.perf.store
+
+bench-gui: setup
+	$(PY) -m benchmarks.perf.gui
+
+bench-sandbox: setup
+	$(PY) -m benchmarks.perf.sandbox
+
+bench-serving: setup
+	$(PY) -m benchmarks.perf.serving

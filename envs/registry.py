@@ -11,6 +11,7 @@ NAMESPACE = "clawgym"
 # id -> (entry point, default kwargs)
 ENVIRONMENTS: dict[str, tuple[str, dict[str, Any]]] = {
     f"{NAMESPACE}/Arith-v0": ("envs.arith.env:ArithEnv", {}),
+    f"{NAMESPACE}/GUI-v0": ("envs.gui.env:GUIEnv", {}),
     f"{NAMESPACE}/Chat-v0": ("envs.chat.env:ChatEnv", {}),
 }
 
