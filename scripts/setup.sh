@@ -79,6 +79,11 @@ install_python_packages() {
 
 install_debian_packages
 install_python_packages
+# vLLM's own virtual environment (.venv-vllm) for engine=vllm and the `vllm` tests.
+if [ "${CLAWGYM_SKIP_VLLM:-0}" != 1 ]; then
+    bash scripts/setup_vllm.sh \
+        || missing+=("vLLM environment: scripts/setup_vllm.sh failed; engine=vllm and the vllm tests cannot run")
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
     log "could not install:"

