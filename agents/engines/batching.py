@@ -1,0 +1,365 @@
+"""Continuous batching for the embedded engine: one scheduler thread, one forward pass a step.
+
+Design: every active sequence lives in one shared, *left-padded* KV cache. An attention
+mask marks the padding and explicit position ids give each row its own positions, so a
+row's logits are those it would get alone (to float rounding). A step feeds every active
+row the token it sampled last: one forward pass over the whole batch. Requests that
+arrive meanwhile are prefilled together in one forward pass, then their cache rows are
+left-padded to the batch's length and concatenated onto it; finished or cancelled rows are
+dropped with `index_select` and columns that are padding in every row are trimmed. The
+cache is copied only when rows join or leave, never on a plain step. (Per-sequence caches
+would have to be stacked, i.e. copied, every step; transformers' `generate` cannot admit a
+request while others run.)
+
+Adapters: peft's mixed-batch LoRA (`adapter_names=`, one per row, `"__base__"` for the
+adapter switched off) lets base and policy rows, and rows of an older and a newer policy
+version, share a forward pass. A request binds the version current when it is submitted
+and keeps it to its end. A new version is loaded beside the old one between two steps and
+the old one is deleted once no request uses it: a swap fails no request and pauses
+decoding only for the load itself.
+
+All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
+reach it through a queue per request and futures for one-off jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
+
+from agents.engines.base import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+END = object()
+"""Put on a request's queue after its last token."""
+_NO_ADAPTER = "__base__"  # peft's row name for "adapter switched off"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated; its sampled tokens go to `events` as they come."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_new: int
+    stopped: Callable[[list[int]], bool] | None
+    adapter: str | None
+    """The peft adapter it runs on to its end; None for the base model."""
+    version: int
+    generator: torch.Generator | None = None
+    events: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    ids: list[int] = field(default_factory=list)
+    cancelled: bool = False
+
+    def record(self, token: int, logprob: float, eos_ids: set[int]) -> bool:
+        """Hands a sampled token to the consumer; True when the sequence is finished."""
+        self.ids.append(token)
+        self.events.put((token, logprob))
+        done = (
+            token in eos_ids
+            or len(self.ids) >= self.max_new
+            or (self.stopped is not None and self.stopped(self.ids))
+        )
+        if done:
+            self.events.put(END)
+        return done
+
+
+@dataclass
+class _Batch:
+    rows: list[Request]
+    cache: DynamicCache
+    mask: torch.Tensor
+    """(rows, columns): 1 for a real token, 0 for left padding."""
+    last: list[int]
+    """Each row's latest sampled token, fed at the next step."""
+
+
+class Scheduler:
+    """Owns the model (and its peft wrapper) and runs every request on one thread.
+
+    Args:
+        model: the transformers causal LM.
+        eos_ids: token ids that end a sequence.
+        max_batch: most sequences decoded together.
+        threads: torch CPU threads of the scheduler thread (None: torch's default).
+    """
+
+    def __init__(
+        self, model: Any, eos_ids: set[int], max_batch: int = 32, threads: int | None = None
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.model, self.eos_ids, self.max_batch, self.threads = model, eos_ids, max_batch, threads
+        self.peft: Any = None
+        self.policy: tuple[str | None, int] = (None, 0)
+        self._cond = threading.Condition()
+        self._waiting: list[Request] = []
+        self._jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._batch: _Batch | None = None
+        self._admitted: list[Request] = []
+        """Taken from the queue this round, not yet in the batch."""
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- callers' side -------------------------------------------------------------------
+    def submit(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_new: int,
+        stopped: Callable[[list[int]], bool] | None,
+        use_policy: bool,
+    ) -> Request:
+        """Queues a sequence on the policy (as now) or the base model."""
+        generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+        with self._cond:
+            self._check_open()
+            adapter, version = self.policy if use_policy else (None, 0)
+            request = Request(prompt_ids, sampling, max_new, stopped, adapter, version, generator)
+            self._waiting.append(request)
+            self._wake()
+        return request
+
+    def call(self, job: Callable[[], T]) -> T:
+        """Runs `job` on the scheduler thread between two steps; returns its result."""
+        future: Future[T] = Future()
+        with self._cond:
+            self._check_open()
+            self._jobs.append((job, future))
+            self._wake()
+        return future.result()
+
+    def close(self) -> None:
+        """Stops the thread; requests still running end with an error."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    # -- the scheduler thread ------------------------------------------------------------
+    def _run(self) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
+        with torch.inference_mode():
+            while (work := self._next_work()) is not None:
+                jobs, admitted = work
+                self._admitted = admitted
+                self._collect_adapters()  # before jobs: a job's caller sees it done
+                for job, future in jobs:
+                    _run_job(job, future)
+                try:
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._batch is not None:
+                        self._step()
+                except Exception as error:  # a broken step fails its requests, not the engine
+                    logger.exception("engine step failed")
+                    self._fail([*admitted, *(self._batch.rows if self._batch else [])], error)
+                    self._batch = None
+        self._fail([*self._waiting, *(self._batch.rows if self._batch else [])], None)
+        for _, future in self._jobs:
+            future.set_exception(RuntimeError("the engine is closed"))
+
+    def _next_work(
+        self,
+    ) -> tuple[list[tuple[Callable[[], Any], Future[Any]]], list[Request]] | None:
+        with self._cond:
+            while not (self._closed or self._waiting or self._jobs or self._batch):
+                self._cond.wait()
+            if self._closed:
+                return None
+            jobs, self._jobs = self._jobs, []
+            room = self.max_batch - (len(self._batch.rows) if self._batch else 0)
+            admitted = [r for r in self._waiting[:room] if not r.cancelled]
+            del self._waiting[:room]
+        return jobs, admitted
+
+    def _fail(self, requests: list[Request], error: BaseException | None) -> None:
+        for request in requests:
+            request.events.put(error or RuntimeError("the engine is closed"))
+
+    def _prefill(self, requests: list[Request]) -> None:
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.tensor([[0] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
+        mask = torch.tensor(
+            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
+        )
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logprobs, cache = self._forward(requests, ids, mask, positions, DynamicCache())
+        fresh = _Batch(requests, cache, mask, [])
+        done = self._sample(fresh, logprobs)
+        self._batch = _merge(self._batch, _drop(fresh, done))
+
+    def _step(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        batch = _drop(batch, [r.cancelled for r in batch.rows])
+        if batch is None:
+            self._batch = None
+            return
+        positions = batch.mask.sum(-1, keepdim=True)
+        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        ids = torch.tensor(batch.last)[:, None]
+        logprobs, batch.cache = self._forward(batch.rows, ids, batch.mask, positions, batch.cache)
+        self._batch = _drop(batch, self._sample(batch, logprobs))
+
+    def _forward(
+        self,
+        rows: list[Request],
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+    ) -> tuple[torch.Tensor, DynamicCache]:
+        """Raw log-probs (log-softmax at temperature 1) of each row's next token."""
+        model, extra = self.model, {}
+        if self.peft is not None:
+            model = self.peft
+            names = [r.adapter or _NO_ADAPTER for r in rows]
+            if set(names) != {self.peft.active_adapter}:
+                extra["adapter_names"] = names  # mixed batch: a LoRA per row
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.past_key_values
+
+    def _sample(self, batch: _Batch, logprobs: torch.Tensor) -> list[bool]:
+        """Picks each row's next token; returns which rows are finished."""
+        batch.last, done = [], []
+        for row, request in enumerate(batch.rows):
+            token = pick(logprobs[row], request.sampling, request.generator)
+            batch.last.append(token)
+            done.append(request.record(token, float(logprobs[row, token]), self.eos_ids))
+        return done
+
+    # -- adapters ------------------------------------------------------------------------
+    def load_adapter(self, path: str, version: int) -> None:
+        """Serves the LoRA adapter at `path` as policy version `version` (a job)."""
+        from peft import PeftModel
+
+        name = f"v{version}"
+        if version <= self.policy[1]:
+            raise ValueError(f"adapter versions must increase: serving {self.policy[1]}")
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+        else:
+            self.peft.load_adapter(path, adapter_name=name)
+            self.peft.set_adapter(name)
+        self.peft.eval()
+        with self._cond:
+            self.policy = (name, version)
+        self._collect_adapters()
+
+    def _collect_adapters(self) -> None:
+        """Deletes adapter versions that no request runs on any more."""
+        if self.peft is None or len(self.peft.peft_config) < 2:
+            return
+        with self._cond:
+            used = {r.adapter for r in self._waiting}
+        used |= {r.adapter for r in self._admitted}
+        used |= {r.adapter for r in self._batch.rows} if self._batch else set()
+        for name in list(self.peft.peft_config):
+            if name != self.policy[0] and name not in used:
+                self.peft.delete_adapter(name)
+                logger.info("dropped adapter %s: no request uses it", name)
+
+
+def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:
+    try:
+        future.set_result(job())
+    except Exception as error:
+        future.set_exception(error)
+
+
+def _drop(batch: _Batch, gone: list[bool]) -> _Batch | None:
+    """The batch without the rows flagged `gone`, trimmed of all-padding columns."""
+    if not any(gone):
+        return batch
+    keep = [i for i, g in enumerate(gone) if not g]
+    if not keep:
+        return None
+    index = torch.tensor(keep)
+    mask = batch.mask[index]
+    start = int(mask.any(0).nonzero()[0])
+    layers = [(k[index, :, start:], v[index, :, start:]) for k, v in _layers(batch.cache)]
+    rows, last = [batch.rows[i] for i in keep], [batch.last[i] for i in keep]
+    return _Batch(rows, _cache(layers), mask[:, start:], last)
+
+
+def _merge(batch: _Batch | None, fresh: _Batch | None) -> _Batch | None:
+    """Both batches' rows in one, each left-padded to the longer one's columns."""
+    if batch is None or fresh is None:
+        return batch or fresh
+    width = max(batch.mask.shape[1], fresh.mask.shape[1])
+    layers = [
+        (
+            torch.cat([_pad(k1, width), _pad(k2, width)]),
+            torch.cat([_pad(v1, width), _pad(v2, width)]),
+        )
+        for (k1, v1), (k2, v2) in zip(_layers(batch.cache), _layers(fresh.cache), strict=True)
+    ]
+    mask = torch.cat(
+        [
+            F.pad(batch.mask, (width - batch.mask.shape[1], 0)),
+            F.pad(fresh.mask, (width - fresh.mask.shape[1], 0)),
+        ]
+    )
+    return _Batch(batch.rows + fresh.rows, _cache(layers), mask, batch.last + fresh.last)
+
+
+def _pad(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pads (batch, heads, columns, dim) cache states to `width` columns."""
+    return F.pad(states, (0, 0, width - states.shape[2], 0))
+
+
+def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    return DynamicCache(ddp_cache_data=layers)
+
+
+def pick(
+    logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """Samples one token id from raw log-probs with the request's temperature and top-p."""
+    if sampling.temperature == 0.0:
+        return int(logprobs.argmax())
+    probs = torch.softmax(logprobs / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        ordered, order = probs.sort(descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        drop = ordered.cumsum(-1) - ordered >= sampling.top_p
+        ordered[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, ordered)
+    return int(torch.multinomial(probs, 1, generator=generator))

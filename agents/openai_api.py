@@ -1,0 +1,302 @@
+"""OpenAI's chat-completions wire format, as the proxy speaks it.
+
+Requests are validated with pydantic models (`ChatRequest`): roles, tool schemas and
+sampling values outside what the API allows are refused with an `ApiError`, which the
+proxy sends as a 4xx with OpenAI's error body. Responses and stream chunks are built from
+the engine's `Completion`s. Beyond OpenAI's fields, `return_token_ids: true` adds vLLM's
+`prompt_token_ids` and per-choice `token_ids`, and `logprobs: true` gives each sampled
+token's raw log-prob with vLLM's `token_id:<id>` names, so a token-exact client (the
+`remote` engine) can use the proxy like vLLM.
+
+`ContentStream` decides what of a completion's text may be streamed as content while it is
+sampled: nothing from a `<tool_call>` or a stop string on, so tool-call markup never leaks
+into streamed content; the parsed tool calls are sent once the completion is complete.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agents.engines.base import Completion
+
+TOOL_CALL_OPEN = "<tool_call>"
+
+
+class ApiError(Exception):
+    """A request the proxy refuses, with the HTTP status and OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error body."""
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionSchema(_Open):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"]
+    function: FunctionSchema
+
+
+class CalledFunction(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        if isinstance(content, list) and not all(isinstance(p.get("type"), str) for p in content):
+            raise ValueError("each content part needs a string `type`")
+        return content
+
+    def for_engine(self) -> dict[str, Any]:
+        """The message as the chat template takes it (`developer` is a system message)."""
+        message = self.model_dump(exclude_none=True)
+        if self.role == "developer":
+            message["role"] = "system"
+        if self.role in ("system", "developer", "user", "tool") and self.content is None:
+            raise ApiError(400, f"a {self.role} message needs content", param="messages")
+        return message
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatRequest(_Open):
+    """The body of `POST /v1/chat/completions` (unknown extra fields are ignored)."""
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Any = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=16)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    return_token_ids: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: Any) -> Any:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > 4 or not all(stops):
+            raise ValueError("stop takes at most 4 non-empty strings")
+        return stop
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+def validation_message(errors: list[Any]) -> tuple[str, str | None]:
+    """One readable line (and the offending parameter) from pydantic's errors."""
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg', 'invalid value')}", (where or None)
+
+
+def choice_message(completion: Completion, call_prefix: str) -> dict[str, Any]:
+    """The assistant message of a choice, with tool-call ids unique to this response."""
+    message = dict(completion.message)
+    calls = message.get("tool_calls")
+    if calls:
+        message["tool_calls"] = [
+            {**call, "id": f"{call_prefix}_{i}"} for i, call in enumerate(calls)
+        ]
+    return message
+
+
+def token_logprobs(completion: Completion) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice; tokens named `token_id:<id>` as vLLM does."""
+    return {
+        "content": [
+            {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
+            for i, lp in zip(
+                completion.completion_token_ids, completion.completion_logprobs, strict=True
+            )
+        ]
+    }
+
+
+def usage(completions: list[Completion]) -> dict[str, int]:
+    prompt = len(completions[0].prompt_token_ids) if completions else 0
+    generated = sum(len(c.completion_token_ids) for c in completions)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt + generated,
+    }
+
+
+def response(
+    request: ChatRequest,
+    response_id: str,
+    created: int,
+    messages: list[dict[str, Any]],
+    completions: list[Completion],
+) -> dict[str, Any]:
+    """The non-streaming `chat.completion` object."""
+    choices = []
+    for index, (message, completion) in enumerate(zip(messages, completions, strict=True)):
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": message,
+            "finish_reason": completion.finish_reason,
+            "logprobs": token_logprobs(completion) if request.logprobs else None,
+        }
+        if request.return_token_ids:
+            choice["token_ids"] = list(completion.completion_token_ids)
+        choices.append(choice)
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": request.model,
+        "choices": choices,
+        "usage": usage(completions),
+    }
+    if request.return_token_ids and completions:
+        body["prompt_token_ids"] = list(completions[0].prompt_token_ids)
+    return body
+
+
+def chunk(
+    request: ChatRequest,
+    response_id: str,
+    created: int,
+    choices: list[dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
+    """One `chat.completion.chunk` of a stream."""
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": request.model,
+        "choices": choices,
+        **extra,
+    }
+
+
+def stream_delta(
+    index: int, delta: dict[str, Any], finish_reason: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "delta": delta,
+        "finish_reason": finish_reason,
+        "logprobs": None,
+        **extra,
+    }
+
+
+def tool_call_deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished message's tool calls as stream deltas, one whole call each."""
+    return [{**call, "index": i} for i, call in enumerate(message.get("tool_calls") or [])]
+
+
+class ContentStream:
+    """The part of a growing completion text that is safe to stream as content.
+
+    What is sent is always a prefix of the final message's content: leading and trailing
+    whitespace is held back (the final content is stripped), so is anything that may be
+    the start of `<tool_call>` or of a stop string, and nothing after one of them is sent.
+    """
+
+    def __init__(self, stops: tuple[str, ...] = ()):
+        self._markers = (TOOL_CALL_OPEN, *stops)
+        self._text = ""
+        self._sent = ""
+        self._closed = False
+
+    def feed(self, text: str) -> str:
+        """Adds sampled text; returns the new content that may be sent now."""
+        if self._closed or not text:
+            return ""
+        self._text += text
+        found = [i for i in (self._text.find(m) for m in self._markers) if i >= 0]
+        if found:
+            self._closed = True
+            end = min(found)
+        else:
+            end = len(self._text) - self._partial_marker()
+        return self._advance(self._text[:end].strip())
+
+    def finish(self, content: str | None) -> str:
+        """The rest of the final content, once the completion is parsed."""
+        self._closed = True
+        return self._advance(content or "")
+
+    def _advance(self, visible: str) -> str:
+        if not visible.startswith(self._sent):
+            return ""
+        delta, self._sent = visible[len(self._sent) :], visible
+        return delta
+
+    def _partial_marker(self) -> int:
+        """Length of the longest end of the text that could begin a marker."""
+        for size in range(min(len(self._text), max(map(len, self._markers))), 0, -1):
+            tail = self._text[-size:]
+            if any(m.startswith(tail) for m in self._markers):
+                return size
+        return 0

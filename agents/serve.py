@@ -1,0 +1,182 @@
+"""Serve a policy behind the token-exact OpenAI-compatible proxy.
+
+    python -m agents.serve engine=embedded model=tiny port=30000 store=runs/serve/store.sqlite
+
+Arguments are `key=value` pairs of `ServeConfig`'s fields. The server binds 127.0.0.1 by
+default; binding beyond loopback needs `api_key=...` (or `CLAWGYM_API_KEY`). Clients use
+`http://HOST:PORT/v1` with model `policy` (or `base`, the adapter switched off). Ctrl-C
+stops the server and the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from agents.engines.base import Engine
+from agents.proxy import Proxy, ProxyConfig
+from agents.store import Store
+from agents.trajectory import TurnType
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `python -m agents.serve` serves, and where."""
+
+    engine: str = "embedded"
+    """embedded | vllm | remote."""
+    model: str = "tiny"
+    """A model name or directory (`agents.models.resolve`); for `remote`, the served name."""
+    host: str = "127.0.0.1"
+    port: int = 30000
+    store: str = "runs/serve/store.sqlite"
+    """The SQLite file turns are committed to."""
+    api_key: str | None = None
+    """Required from clients when set; must be set to bind beyond loopback."""
+    turn_type: str = "main"
+    """The turn type of requests without `X-Turn-Type`."""
+    max_tokens: int = 512
+    """Completion budget of requests that set none."""
+    threads: int | None = None
+    """torch CPU threads (embedded engine)."""
+    max_batch: int = 32
+    """Most sequences decoded together (embedded engine)."""
+    base_url: str | None = None
+    """The upstream server of the `remote` engine."""
+    remote_token_ids: bool = False
+    """Ask the `remote` upstream for vLLM's token ids (token-exact turns)."""
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("embedded", "vllm", "remote"):
+            raise ValueError(f"engine must be embedded, vllm or remote, got {self.engine!r}")
+        if self.turn_type not in ("main", "side"):
+            raise ValueError(f"turn_type must be 'main' or 'side', got {self.turn_type!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not self.api_key and not is_loopback(self.host):
+            raise ValueError(
+                f"host={self.host} is beyond loopback: set api_key=... (or CLAWGYM_API_KEY)"
+            )
+        if self.engine == "remote" and not self.base_url:
+            raise ValueError("engine=remote needs base_url=http://.../v1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: Sequence[str]) -> ServeConfig:
+    """`key=value` arguments to a config; unknown keys and bad values are errors."""
+    hints = get_type_hints(ServeConfig)
+    values: dict[str, Any] = {"api_key": os.environ.get("CLAWGYM_API_KEY") or None}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in hints:
+            names = ", ".join(f.name for f in dataclasses.fields(ServeConfig))
+            raise ValueError(f"expected key=value with key one of {names}; got {arg!r}")
+        values[key] = _convert(value, hints[key])
+    return ServeConfig(**values)
+
+
+def _convert(value: str, kind: Any) -> Any:
+    kinds = getattr(kind, "__args__", (kind,))
+    if value.lower() in ("none", "null", "") and type(None) in kinds:
+        return None
+    if bool in kinds:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value.lower() in ("true", "1")
+    return int(value) if int in kinds else value
+
+
+def build_engine(config: ServeConfig) -> Engine:
+    """The engine the config names."""
+    if config.engine == "embedded":
+        from agents.engines.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(config.model, threads=config.threads, max_batch=config.max_batch)
+    if config.engine == "vllm":
+        from agents.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config.model)
+    from agents.engines.remote import RemoteEngine
+
+    assert config.base_url is not None  # checked by ServeConfig
+    return RemoteEngine(config.base_url, config.model, token_ids=config.remote_token_ids)
+
+
+def build_proxy(config: ServeConfig, engine: Engine) -> Proxy:
+    proxy_config = ProxyConfig(
+        model_name=config.model,
+        api_key=config.api_key,
+        default_turn_type=TurnType(config.turn_type),
+        max_tokens=config.max_tokens,
+    )
+    return Proxy(engine, Store(config.store), proxy_config)
+
+
+@contextlib.contextmanager
+def in_thread(
+    engine: Engine, store: Store, config: ProxyConfig | None = None, host: str = "127.0.0.1"
+) -> Iterator[tuple[str, Proxy]]:
+    """Serves `engine` from a thread of this process on a free port until the block ends
+    (how the trainer and the tests start the proxy); yields the base URL (`.../v1`)."""
+    import uvicorn
+
+    proxy = Proxy(engine, store, config)
+    sock = socket.socket()
+    sock.bind((host, 0))
+    server = uvicorn.Server(uvicorn.Config(proxy.app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the proxy did not start")
+            time.sleep(0.01)
+        yield f"http://{host}:{sock.getsockname()[1]}/v1", proxy
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        proxy.close()
+        sock.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    config = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    engine = build_engine(config)
+    proxy = build_proxy(config, engine)
+    logger.info(
+        "serving %s (%s) on http://%s:%d/v1", config.model, config.engine, config.host, config.port
+    )
+    try:
+        uvicorn.run(proxy.app, host=config.host, port=config.port, log_level=config.log_level)
+    finally:
+        proxy.close()
+        engine.close()
+        proxy.store.close()
+
+
+if __name__ == "__main__":
+    main()

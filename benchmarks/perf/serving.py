@@ -1,0 +1,364 @@
+"""Serving performance: the proxy's overhead, its request rate, adapter publishing under
+load, and aggregate generation throughput of each engine against plain transformers.
+
+    python -m benchmarks.perf.serving [--requests 200] [--tokens 32] [--skip-vllm]
+
+Prints two tables. The proxy runs as `python -m agents.serve` in a subprocess on the
+`tiny` model (one thread); "overhead" is the paired difference between a request through
+it (HTTP, validation, session bookkeeping, a committed turn) and the same request to an
+engine called directly in this process, one token each. Throughput is on `smollm2-135m`:
+plain transformers `generate`, one request at a time (the baseline), the embedded engine,
+vLLM called directly and vLLM through the proxy (served from a thread of this process),
+each at 1 and 16 concurrent requests; `ratio` is tokens/s over the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from agents import models
+from agents.engines.base import Engine, SamplingParams
+from agents.engines.embedded import EmbeddedEngine
+from agents.engines.vllm_server import free_port
+from agents.store import Store
+
+MESSAGES = [{"role": "user", "content": "Say hi."}]
+TOPICS = ["the sea", "a robot", "winter", "a city", "a cat", "the moon", "music", "a forest"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextmanager
+def proxy_process(store: Path, *args: str) -> Iterator[tuple[str, int]]:
+    """`python -m agents.serve` on a free port; yields its base URL (without /v1), pid."""
+    port = free_port()
+    command = [sys.executable, "-m", "agents.serve", f"port={port}", f"store={store}", *args]
+    server = subprocess.Popen(command, env={**os.environ, "CLAWGYM_API_KEY": ""})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, server)
+        yield base, server.pid
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _wait_healthy(base: str, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("the proxy did not come up")
+
+
+def chat(client: httpx.Client, base: str, session: str, max_tokens: int, **extra: Any) -> Any:
+    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, **extra}
+    response = client.post(
+        base + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}
+    )
+    response.raise_for_status()
+    if extra.get("stream"):
+        if not response.text.rstrip().endswith("data: [DONE]"):
+            raise httpx.HTTPError("the stream did not end with [DONE]")
+        return response.text
+    return response.json()
+
+
+def overhead(
+    engine: Engine, base: str, pid: int, requests: int
+) -> tuple[list[float], list[float], float, float]:
+    """Per-request seconds direct and through the proxy, interleaved (one token each), and
+    CPU seconds per request of each (robust to other load on the machine)."""
+    one = SamplingParams(temperature=1.0, max_tokens=1)
+    direct, proxied, cpu_direct, cpu_proxy = [], [], 0.0, 0.0
+    with httpx.Client(timeout=60) as client:
+        for number in range(requests + 5):
+            started, cpu = time.perf_counter(), time.process_time()
+            engine.generate(MESSAGES, sampling=one)
+            middle, cpu_middle, server_cpu = time.perf_counter(), time.process_time(), _cpu(pid)
+            chat(client, base, "overhead", 1, temperature=1.0)
+            if number >= 5:  # warm-up
+                direct.append(middle - started)
+                proxied.append(time.perf_counter() - middle)
+                cpu_direct += cpu_middle - cpu
+                cpu_proxy += _cpu(pid) - server_cpu
+    return direct, proxied, cpu_direct / requests, cpu_proxy / requests
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def requests_per_second(base: str, sessions: int, per_session: int, tokens: int) -> float:
+    def session(number: int) -> None:
+        with httpx.Client(timeout=300) as client:
+            for _ in range(per_session):
+                chat(client, base, f"rps-{sessions}-{number}", tokens)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(sessions) as pool:
+        list(pool.map(session, range(sessions)))
+    return sessions * per_session / (time.perf_counter() - started)
+
+
+def publish_under_load(base: str, store: Path, adapters: list[str]) -> tuple[list[float], int, int]:
+    """Publishes each adapter while 8 sessions keep requesting; returns the publish
+    latencies (until every later request runs on the new version), failed requests and
+    served requests."""
+    stop, failed, served = threading.Event(), [0], [0]
+
+    def load(number: int) -> None:
+        with httpx.Client(timeout=300) as client:
+            while not stop.is_set():
+                try:
+                    chat(client, base, f"load-{number}", 4, stream=number % 2 == 0)
+                    served[0] += 1
+                except httpx.HTTPError:
+                    failed[0] += 1
+
+    workers = [threading.Thread(target=load, args=(n,)) for n in range(8)]
+    for worker in workers:
+        worker.start()
+    latencies = []
+    with httpx.Client(timeout=300) as client, Store(store) as turns:
+        for version, path in enumerate(adapters, start=1):
+            time.sleep(0.5)
+            started = time.perf_counter()
+            client.post(
+                base + "/admin/adapters", json={"path": path, "version": version}
+            ).raise_for_status()
+            latencies.append(time.perf_counter() - started)
+            chat(client, base, f"probe-{version}", 1)
+            if turns.session(f"probe-{version}").turns[0].policy_version != version:
+                raise RuntimeError(f"version {version} was published but not served")
+    stop.set()
+    for worker in workers:
+        worker.join()
+    return latencies, failed[0], served[0]
+
+
+def random_adapters(root: Path, count: int) -> list[str]:
+    from peft import LoraConfig, get_peft_model
+
+    paths = []
+    for version in range(1, count + 1):
+        model, _ = models.load("tiny")
+        torch.manual_seed(version)
+        config = LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        )
+        get_peft_model(model, config).save_pretrained(root / f"v{version}")
+        paths.append(str(root / f"v{version}"))
+    return paths
+
+
+# -- throughput ------------------------------------------------------------------------------
+def prompts(count: int) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}]
+        for i in range(count)
+    ]
+
+
+def aggregate(
+    run_one: Callable[[list[dict[str, str]]], int], concurrency: int, count: int
+) -> float:
+    """Tokens/s over `count` requests, `concurrency` at a time."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        tokens = sum(pool.map(run_one, prompts(count)))
+    return tokens / (time.perf_counter() - started)
+
+
+def transformers_one(model: Any, tokenizer: Any, tokens: int) -> Callable[[Any], int]:
+    lock = threading.Lock()  # the baseline serves one request at a time
+
+    def run(messages: list[dict[str, str]]) -> int:
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with lock, torch.inference_mode():
+            out = model.generate(
+                **ids, max_new_tokens=tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0
+            )
+        return int(out.shape[1] - ids["input_ids"].shape[1])
+
+    return run
+
+
+def engine_one(engine: Engine, tokens: int) -> Callable[[Any], int]:
+    sampling = SamplingParams(temperature=1.0, max_tokens=tokens)
+    return lambda messages: len(engine.generate(messages, sampling=sampling).completion_token_ids)
+
+
+def proxy_one(base: str, tokens: int) -> Callable[[Any], int]:
+    def run(messages: list[dict[str, str]]) -> int:
+        body = {"model": "policy", "messages": messages, "max_tokens": tokens, "temperature": 1.0}
+        response = httpx.post(base + "/v1/chat/completions", json=body, timeout=600)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
+
+    return run
+
+
+def throughput_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
+    """(engine, concurrency, tokens/s or why not measured) on smollm2-135m."""
+    rows: list[tuple[str, int, float | str]] = []
+    model, tokenizer = models.load("smollm2-135m")
+    torch.set_num_threads(args.threads)
+    run = transformers_one(model, tokenizer, args.tokens)
+    for concurrency in (1, 16):
+        count = 3 if concurrency == 1 else 16
+        rows.append(
+            (
+                "transformers generate, one at a time",
+                concurrency,
+                aggregate(run, concurrency, count),
+            )
+        )
+    del model
+    engine = EmbeddedEngine("smollm2-135m", threads=args.threads)
+    for concurrency in (1, 16):
+        count = 3 if concurrency == 1 else 16
+        rows.append(
+            (
+                "embedded engine",
+                concurrency,
+                aggregate(engine_one(engine, args.tokens), concurrency, count),
+            )
+        )
+    engine.close()
+    del engine
+    rows += vllm_rows(args)
+    return rows
+
+
+def vllm_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
+    if args.skip_vllm:
+        return [(name, c, "skipped") for name in ("vLLM direct", "vLLM via proxy") for c in (1, 16)]
+    try:
+        from agents.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine("smollm2-135m")
+    except Exception as error:  # no vLLM environment here: say so in the table
+        reason = f"unavailable: {str(error).splitlines()[0][:60]}"
+        return [(name, c, reason) for name in ("vLLM direct", "vLLM via proxy") for c in (1, 16)]
+    from agents.serve import in_thread
+
+    rows: list[tuple[str, int, float | str]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.sqlite") as store:
+            with in_thread(engine, store) as (url, _):
+                for concurrency in (1, 16):
+                    count = 3 if concurrency == 1 else 16
+                    direct = aggregate(engine_one(engine, args.tokens), concurrency, count)
+                    proxied = aggregate(
+                        proxy_one(url.removesuffix("/v1"), args.tokens), concurrency, count
+                    )
+                    rows += [
+                        ("vLLM direct", concurrency, direct),
+                        ("vLLM via proxy", concurrency, proxied),
+                    ]
+    finally:
+        engine.close()
+    return rows
+
+
+def proxy_table(args: argparse.Namespace) -> Table:
+    table = Table(title="proxy on tiny (python -m agents.serve, embedded engine, 1 thread)")
+    for column in ("measure", "value", "target"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "store.sqlite"
+        adapters = random_adapters(Path(tmp), 4)
+        engine = EmbeddedEngine("tiny", threads=1)
+        with proxy_process(store, "model=tiny", "threads=1", "log_level=warning") as (base, pid):
+            direct, proxied, cpu_direct, cpu_proxy = overhead(engine, base, pid, args.requests)
+            diffs = [p - d for p, d in zip(proxied, direct, strict=True)]
+            rates = {c: requests_per_second(base, c, max(2, 64 // c), 8) for c in (1, 8, 32)}
+            latencies, failed, served = publish_under_load(base, store, adapters[:3])
+        started = time.perf_counter()
+        engine.load_adapter(adapters[3], 1)
+        idle_publish = time.perf_counter() - started
+        engine.close()
+    table.add_row("engine direct p50, 1 token", f"{statistics.median(direct) * 1e3:.2f} ms", "")
+    table.add_row("through proxy p50, 1 token", f"{statistics.median(proxied) * 1e3:.2f} ms", "")
+    table.add_row("proxy overhead p50", f"{statistics.median(diffs) * 1e3:.2f} ms", "<= 2 ms")
+    table.add_row("proxy overhead p99", f"{percentile(diffs, 0.99) * 1e3:.2f} ms", "")
+    table.add_row("CPU per request, engine direct", f"{cpu_direct * 1e3:.2f} ms", "")
+    table.add_row("CPU per request, proxy process", f"{cpu_proxy * 1e3:.2f} ms", "")
+    for concurrency, rate in rates.items():
+        table.add_row(f"requests/s, {concurrency} sessions, 8 tokens", f"{rate:.1f}", "")
+    table.add_row(
+        "publish to served, max of 3 (8 sessions loading)",
+        f"{max(latencies) * 1e3:.0f} ms",
+        "<= 100 ms",
+    )
+    table.add_row("failed requests during publishes", f"{failed} of {served + failed}", "0")
+    table.add_row("publish to served, idle engine", f"{idle_publish * 1e3:.0f} ms", "<= 100 ms")
+    return table
+
+
+def throughput_table(args: argparse.Namespace) -> Table:
+    rows = throughput_rows(args)
+    baseline = {c: v for name, c, v in rows if name.startswith("transformers")}
+    table = Table(
+        title=f"smollm2-135m aggregate tokens/s ({args.tokens} tokens a request, "
+        f"{args.threads} threads)"
+    )
+    for column in ("engine", "concurrent", "tokens/s", "ratio"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    for name, concurrency, value in rows:
+        base = baseline.get(concurrency)
+        if isinstance(value, str):
+            table.add_row(name, str(concurrency), value, "")
+            continue
+        ratio = f"{value / base:.2f}x" if isinstance(base, float) else ""
+        table.add_row(name, str(concurrency), f"{value:.1f}", ratio)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200, help="overhead samples")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens a throughput request")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (smollm2 rows)")
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--only", choices=("proxy", "throughput"), default=None)
+    args = parser.parse_args()
+    console = Console()
+    console.print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if args.only != "throughput":
+        console.print(proxy_table(args))
+    if args.only != "proxy":
+        console.print(throughput_table(args))
+    console.print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

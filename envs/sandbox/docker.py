@@ -1,0 +1,405 @@
+"""The Docker backend: a container per sandbox through the Docker Engine's `docker` SDK.
+
+What it isolates:
+- network: `--network none`, only a loopback device of its own; neither the internet nor
+  the host's loopback services are reachable;
+- file system: the container's own root from a locally built base image (debootstrap +
+  `docker import`, never pulled); nothing of the host is mounted, so writes anywhere stay
+  in the container's layer and vanish when it is removed;
+- processes: a pid namespace with an init that reaps orphans; every process ends when the
+  container is removed on `close`, and a reaper removes containers whose parent process
+  died without closing them (they are labelled with the parent's boot id, pid and start);
+- resources: memory (swap included), pids and CPU limits of the container's cgroup,
+  rlimits on file size and CPU seconds per process,
+  no capabilities beyond file ownership and signals, `no-new-privileges`.
+
+What it does not isolate:
+- the kernel is shared with the host (containers are not VMs);
+- the agent is root inside its container, so the `readonly` directories are only
+  read-only by convention: graders wipe and rewrite them before use;
+- the container's writable layer is bounded per file (rlimit), not in total;
+- the daemon itself: whoever can reach its socket controls the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import select
+import signal
+import socket
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from envs.sandbox.base import STDERR, STDOUT, Sandbox, SandboxConfig, SandboxError, ShellChannel
+
+logger = logging.getLogger(__name__)
+
+SUITE = "bookworm"
+# Keep in sync with scripts/docker_base_image.sh: the image tag is their hash.
+BASE_PACKAGES = (
+    "bash,coreutils,findutils,grep,sed,gawk,diffutils,procps,psmisc,file,bc,jq,tree,less,lsof,"
+    "hashdeep,zip,unzip,bzip2,xz-utils,gzip,tar,cpio,python3,python3-pytest,git,ca-certificates"
+)
+LABEL = "clawgym.sandbox"
+OWNER_LABEL = "clawgym.owner"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
+# Kills every process but init, its first child (the keep-alive), this script and $1.
+_KILL = (
+    'main=""; for d in /proc/[0-9]*; do p=${d#/proc/}; '
+    'read -r _ _ _ pp _ <"$d/stat" 2>/dev/null || continue; '
+    'if [ "$pp" = 1 ] && { [ -z "$main" ] || [ "$p" -lt "$main" ]; }; then main=$p; fi; done; '
+    "for d in /proc/[0-9]*; do p=${d#/proc/}; "
+    'case $p in 1|$$|"$1"|"$main") ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+)
+_reaped = threading.Event()
+
+
+def base_image_tag() -> str:
+    """The tag `scripts/docker_base_image.sh` gives the base image."""
+    digest = hashlib.sha256(f"{SUITE} {BASE_PACKAGES}".encode()).hexdigest()[:12]
+    return f"clawgym/sandbox-base:{digest}"
+
+
+def docker_answers(timeout: float = 2.0) -> bool:
+    """Whether a Docker daemon answers a ping now (false at once when no socket exists)."""
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # any failure to talk to it means "no daemon" here
+        return False
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _spared(host_pids: list[str], keep: str) -> set[str]:
+    """Host pids of the container's init, its keep-alive child and the process whose pid
+    inside the container is `keep` (the shell)."""
+    inner: dict[str, tuple[str, str]] = {}  # host pid -> (pid inside, host parent pid)
+    for pid in host_pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        inner[pid] = (fields.get("NSpid", "").split()[-1:] or [""])[0], fields.get("PPid", "")
+    init = next((p for p, (ns, _) in inner.items() if ns == "1"), None)
+    children = sorted(
+        (int(ns), p) for p, (ns, parent) in inner.items() if parent == init and ns.isdigit()
+    )
+    spared = {p for p, (ns, _) in inner.items() if ns == keep}
+    return spared | ({init} if init else set()) | ({children[0][1]} if children else set())
+
+
+def owner_label() -> str:
+    """Who owns a container: this boot, this pid and its start time (pids are reused)."""
+    pid = os.getpid()
+    return f"{_boot_id()}:{pid}:{_start_time(pid)}"
+
+
+def reap_orphans(client: Any) -> list[str]:
+    """Removes clawgym containers whose owning process is gone; returns their names."""
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        boot, _, rest = container.labels.get(OWNER_LABEL, "::").partition(":")
+        pid_text, _, started = rest.partition(":")
+        alive = (
+            boot == _boot_id()
+            and pid_text.isdigit()
+            and started != ""
+            and _start_time(int(pid_text)) == started
+        )
+        if boot == _boot_id() and not alive:
+            try:
+                container.remove(force=True)
+                removed.append(container.name)
+            except Exception as error:  # already gone, or being removed by its owner
+                logger.debug("reaper: cannot remove %s: %s", container.name, error)
+    if removed:
+        logger.info("reaped %d orphaned sandbox containers", len(removed))
+    return removed
+
+
+class SocketChannel(ShellChannel):
+    """A shell reached through a hijacked `docker exec` socket (multiplexed streams)."""
+
+    def __init__(self, raw: Any):
+        # The SDK hands back a socket wrapper; the wrapper is kept for as long as the
+        # channel lives, because collecting it closes the socket under us.
+        self.raw = raw
+        self.sock: socket.socket = getattr(raw, "_sock", raw)
+        self.buffer = bytearray()
+        self.eof = False
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as error:
+            raise SandboxError(f"the shell is gone ({error})") from None
+
+    def read(self, timeout: float) -> list[tuple[int, bytes]] | None:
+        chunks = self._frames()
+        if chunks or self.eof:
+            return chunks or None
+        try:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            data = self.sock.recv(1 << 16) if ready else None
+        except (OSError, ValueError):
+            data = b""
+        if data == b"":
+            self.eof = True
+        elif data:
+            self.buffer += data
+        chunks = self._frames()
+        return None if self.eof and not chunks else chunks
+
+    def _frames(self) -> list[tuple[int, bytes]]:
+        chunks = []
+        while len(self.buffer) >= 8:
+            size = int.from_bytes(self.buffer[4:8], "big")
+            if len(self.buffer) < 8 + size:
+                break
+            stream = STDERR if self.buffer[0] == 2 else STDOUT
+            chunks.append((stream, bytes(self.buffer[8 : 8 + size])))
+            del self.buffer[: 8 + size]
+        return chunks
+
+    def close(self) -> None:
+        for closable in (self.raw, self.sock):
+            try:
+                closable.close()
+            except OSError:
+                pass
+
+
+class DockerSandbox(Sandbox):
+    """A container sandbox; see the module docstring for what it does and does not isolate.
+
+    Args:
+        config: paths and limits.
+        image: the image to run; by default the locally built base image.
+    """
+
+    backend = "docker"
+
+    def __init__(self, config: SandboxConfig | None = None, image: str | None = None):
+        super().__init__(config or SandboxConfig())
+        import docker
+        from docker.errors import DockerException, ImageNotFound
+
+        try:
+            self.client = docker.from_env(timeout=60)
+            if not _reaped.is_set():
+                _reaped.set()
+                reap_orphans(self.client)
+        except DockerException as error:
+            raise SandboxError(f"no Docker daemon answers: {error}") from None
+        self.image = image or base_image_tag()
+        try:
+            self.container = self.client.containers.run(self.image, **self._run_options())
+        except ImageNotFound:
+            raise SandboxError(
+                f"image {self.image} is not built; run scripts/docker_base_image.sh as root"
+            ) from None
+        except DockerException as error:
+            raise SandboxError(f"cannot start a container: {error}") from None
+        self._shell_pid = "0"
+        self._exec_id = ""
+        self._pids_file: str | None = None
+
+    def _run_options(self) -> dict[str, Any]:
+        from docker.types import Ulimit
+
+        config = self.config
+        memory = f"{config.memory_mb}m"
+        file_size = config.max_file_mb * 1024 * 1024
+        return {
+            "command": ["sleep", "infinity"],
+            "detach": True,
+            "init": True,
+            "network_mode": "none",
+            "mem_limit": memory,
+            "memswap_limit": memory,
+            "pids_limit": config.max_procs,
+            "nano_cpus": int(config.cpus * 1e9),
+            "ulimits": [
+                Ulimit(name="fsize", soft=file_size, hard=file_size),
+                Ulimit(name="cpu", soft=config.cpu_seconds, hard=config.cpu_seconds),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            "cap_drop": ["ALL"],
+            "cap_add": _CAPS,
+            "security_opt": ["no-new-privileges"],
+            "hostname": "sandbox",
+            "labels": {LABEL: "1", OWNER_LABEL: owner_label()},
+            "environment": self._environment(),
+        }
+
+    def _environment(self) -> dict[str, str]:
+        env = {"PATH": _PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
+        return {**env, **dict(self.config.env)}
+
+    # -- Sandbox hooks -------------------------------------------------------------------
+    def _open_shell(self) -> ShellChannel:
+        self._check_open()
+        api = self.client.api
+        exec_id = api.exec_create(
+            self.container.id,
+            ["/bin/sh", "-c", "echo $$; exec /bin/bash --noprofile --norc"],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            environment=self._environment(),
+            workdir="/",
+        )["Id"]
+        self._exec_id = exec_id
+        raw = api.exec_start(exec_id, socket=True)
+        channel = SocketChannel(raw)
+        self._shell_pid = self._first_line(channel)
+        return channel
+
+    @staticmethod
+    def _first_line(channel: SocketChannel) -> str:
+        received = b""
+        deadline = time.monotonic() + 30
+        while b"\n" not in received and time.monotonic() < deadline:
+            chunks = channel.read(1.0)
+            if chunks is None:
+                break
+            received += b"".join(data for stream, data in chunks if stream == STDOUT)
+        line, _, rest = received.partition(b"\n")
+        if not line.strip().isdigit() or rest:
+            raise SandboxError(f"the container's shell did not start: {received[:200]!r}")
+        return line.strip().decode()
+
+    def _kill_processes(self, keep_shell: bool) -> None:
+        if self._closed:
+            return
+        keep = self._shell_pid if keep_shell else "0"
+        if self._kill_from_host(keep):
+            return
+        try:
+            self.container.exec_run(["/bin/sh", "-c", _KILL, "sh", keep])
+        except Exception as error:  # the container may be gone already
+            logger.debug("kill in %s failed: %s", self.container.name, error)
+
+    def _kill_from_host(self, keep: str) -> bool:
+        """Kills from the host, through the container's cgroup: no process has to start in
+        a container that may be at its pids limit (a fork bomb). False where the cgroup
+        cannot be read (then the kill runs inside the container)."""
+        self._process_count()  # finds the cgroup directory
+        if not self._pids_file or os.geteuid() != 0:
+            return False
+        try:
+            members = Path(self._pids_file).with_name("cgroup.procs").read_text().split()
+        except OSError:
+            return False
+        spared = _spared(members, keep)
+        for _ in range(3):  # a bomb forks while it is being killed
+            for pid in members:
+                if pid not in spared:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            try:
+                members = Path(self._pids_file).with_name("cgroup.procs").read_text().split()
+            except OSError:
+                break
+        return True
+
+    def _process_count(self) -> int | None:
+        if self._pids_file is None:
+            cid = self.container.id
+            candidates = [
+                f"/sys/fs/cgroup/pids/docker/{cid}/pids.current",
+                f"/sys/fs/cgroup/docker/{cid}/pids.current",
+                f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/pids.current",
+            ]
+            self._pids_file = next((c for c in candidates if os.path.exists(c)), "")
+        try:
+            return int(Path(self._pids_file).read_text()) if self._pids_file else None
+        except (OSError, ValueError):
+            return None
+
+    def _shell_status(self) -> int | None:
+        try:
+            for _ in range(20):
+                state = self.client.api.exec_inspect(self._exec_id)
+                if not state.get("Running"):
+                    return state.get("ExitCode")
+                time.sleep(0.01)
+        except Exception:  # the exec or its container is gone
+            return None
+        return None
+
+    def _release(self) -> None:
+        try:
+            self.container.remove(force=True)
+        except Exception as error:  # already removed (by the reaper, or by hand)
+            logger.debug("remove %s: %s", self.container.name, error)
+        finally:
+            self.client.close()
+
+    # -- files ---------------------------------------------------------------------------
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._check_open()
+        payload = data.encode() if isinstance(data, str) else data
+        absolute = self._absolute(path)
+        parent = os.path.dirname(absolute)
+        code, output = self.container.exec_run(["mkdir", "-p", "--", parent])
+        if code != 0:
+            raise SandboxError(f"cannot write {path}: {output.decode(errors='replace').strip()}")
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(os.path.basename(absolute))
+            info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(payload))
+        if not self.container.put_archive(parent, archive.getvalue()):
+            raise SandboxError(f"cannot write {path}")
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        limit = self.config.max_read_mb * 1024 * 1024
+        # cat runs inside the container: links resolve in its file system, never the host's
+        code, (out, err) = self.container.exec_run(
+            ["head", "-c", str(limit + 1), "--", self._absolute(path)], demux=True
+        )
+        if code != 0:
+            reason = (err or b"").decode(errors="replace").strip()
+            raise SandboxError(f"cannot read {path}: {reason}")
+        data = out or b""
+        if len(data) > limit:
+            raise SandboxError(f"{path} is larger than {self.config.max_read_mb} MB")
+        return data
+
+    def _absolute(self, path: str) -> str:
+        if ".." in path.split("/"):
+            raise SandboxError(f"{path}: '..' is not allowed in file paths")
+        return path if path.startswith("/") else f"{self._cwd.rstrip('/')}/{path}"

@@ -1,0 +1,295 @@
+"""The proxy over the real embedded engine on `tiny`, through the official `openai` client
+against a real uvicorn server on a loopback port: completions, streaming, sessions,
+headers (OpenClaw's included), the API key, and every kind of bad input."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from agents.engines.embedded import EmbeddedEngine
+from agents.proxy import ProxyConfig
+from agents.store import Store
+from agents.trajectory import SessionStatus, TurnType
+from tests.agents.serving import running
+
+USER = [{"role": "user", "content": "What is 2 + 2?"}]
+SHORT = {"max_tokens": 6, "temperature": 1.0}
+TRANSIENT = {
+    "role": "user",
+    "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nnow: Monday\n"
+    "<<<END_OPENCLAW_INTERNAL_CONTEXT>>>",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    """`tiny` on one thread: for a 4M-parameter model more threads only add overhead."""
+    engine = EmbeddedEngine("tiny", threads=1)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_engine, tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("proxy") / "store.sqlite")
+    with running(tiny_engine, store) as (url, _):
+        yield url, store
+    store.close()
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served[0], api_key="unused-on-loopback", max_retries=0)
+
+
+@pytest.fixture
+def store(served):
+    return served[1]
+
+
+def create(client, messages=USER, headers=None, **kwargs):
+    """A completion with its raw response (for headers)."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="policy", messages=messages, extra_headers=headers or {}, **{**SHORT, **kwargs}
+    )
+    return raw.parse(), raw.headers
+
+
+def test_completion_is_committed_token_exactly_before_it_returns(client, store, tiny_engine):
+    reply, headers = create(client, seed=3)
+    session = store.session(headers["x-session-id"])
+    (turn,) = session.turns
+    assert turn.turn_type is TurnType.MAIN and turn.policy_version == 0
+    assert list(turn.prompt_token_ids) == tiny_engine.encode(USER)
+    assert reply.usage.completion_tokens == len(turn.completion_token_ids) > 0
+    assert reply.choices[0].message.content == turn.completion["content"]
+    rescored = tiny_engine.score(turn.prompt_token_ids, turn.completion_token_ids)
+    assert rescored == pytest.approx(list(turn.completion_logprobs), abs=1e-4)
+
+
+def test_token_ids_and_logprobs_on_request(client, store):
+    reply, headers = create(client, logprobs=True, extra_body={"return_token_ids": True})
+    (turn,) = store.session(headers["x-session-id"]).turns
+    body = reply.model_dump()
+    assert body["prompt_token_ids"] == list(turn.prompt_token_ids)
+    assert body["choices"][0]["token_ids"] == list(turn.completion_token_ids)
+    logprobs = [t.logprob for t in reply.choices[0].logprobs.content]
+    assert logprobs == list(turn.completion_logprobs)
+
+
+def test_stream_is_token_by_token_and_committed_before_done(client, store, tiny_engine):
+    stream = client.chat.completions.create(
+        model="policy",
+        messages=USER,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Session-Id": "streamed"},
+        max_completion_tokens=12,
+        temperature=1.0,
+        seed=5,
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    (turn,) = store.session("streamed").turns
+    assert content == turn.completion["content"]
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        turn.completion_token_ids
+    )
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+
+
+def test_n_choices_and_stop(client, store):
+    reply, headers = create(client, n=3, stop=["\n"], max_tokens=8)
+    turns = store.session(headers["x-session-id"]).turns
+    assert len(reply.choices) == 3 and [t.index for t in turns] == [0, 1, 2]
+    for choice, turn in zip(reply.choices, turns, strict=True):
+        assert choice.message.content == turn.completion["content"]
+        assert "\n" not in (choice.message.content or "")
+
+
+def test_models_and_health(client, served):
+    assert {m.id for m in client.models.list()} == {"policy", "base"}
+    health = httpx.get(served[0].removesuffix("/v1") + "/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+# -- sessions and headers ---------------------------------------------------------------
+
+
+def test_turns_link_to_what_the_next_request_adds(client, store):
+    first, _ = create(client, headers={"X-Session-Id": "linked"})
+    answer = {"role": "assistant", "content": first.choices[0].message.content}
+    reply = {"role": "user", "content": "No, try again."}
+    create(client, [*USER, answer, reply, TRANSIENT], headers={"X-Session-Id": "linked"})
+    turns = store.session("linked").turns
+    assert turns[0].next_state == (reply,)
+    assert turns[1].next_state is None and turns[1].prompt_messages[-1] == TRANSIENT
+
+
+def test_side_turns_are_served_not_linked(client, store):
+    headers = {"X-Session-Id": "sides"}
+    first, _ = create(client, headers=headers)
+    answer = {"role": "assistant", "content": first.choices[0].message.content}
+    side, _ = create(
+        client,
+        [{"role": "user", "content": "flush memory"}],
+        headers={**headers, "X-Turn-Type": "side"},
+    )
+    assert side.choices[0].message.role == "assistant"
+    tool_reply = {"role": "user", "content": "thanks"}
+    create(client, [*USER, answer, tool_reply], headers=headers)
+    turns = store.session("sides").turns
+    assert [t.turn_type for t in turns] == [TurnType.MAIN, TurnType.SIDE, TurnType.MAIN]
+    assert turns[0].next_state == (tool_reply,) and turns[1].next_state is None
+
+
+def test_no_session_id_gives_a_fresh_one_and_main_turns(client, store):
+    ids = {create(client)[1]["x-session-id"] for _ in range(2)}
+    assert len(ids) == 2
+    assert all(store.session(i).turns[0].turn_type is TurnType.MAIN for i in ids)
+
+
+def test_body_fields_stand_in_for_headers(client, store):
+    create(client, extra_body={"session_id": "by-body", "turn_type": "side"})
+    create(client, extra_body={"session_id": "by-body", "session_done": True})
+    session = store.session("by-body")
+    assert [t.turn_type for t in session.turns] == [TurnType.SIDE, TurnType.MAIN]
+    assert session.status is SessionStatus.DONE
+
+
+def test_session_done_closes_the_session(client, store):
+    create(client, headers={"X-Session-Id": "closing", "X-Session-Done": "true"})
+    assert store.session("closing").status is SessionStatus.DONE
+
+
+def test_openclaw_affinity_headers_and_transient_context(client, store):
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    headers = {"session_id": "claw-1:0", "x-session-affinity": "claw-1:0"}
+    history = [{"role": "system", "content": "You are OpenClaw."}, *USER]
+
+    def turn(messages):
+        stream = client.chat.completions.create(
+            model="policy",
+            messages=messages,
+            tools=tools,
+            tool_choice="auto",
+            stream=True,
+            stream_options={"include_usage": True},
+            max_completion_tokens=6,
+            extra_headers=headers,
+        )
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    said = turn([*history, TRANSIENT])
+    reply = {"role": "user", "content": "ok"}
+    turn([*history, {"role": "assistant", "content": said}, reply, TRANSIENT])
+    turns = store.session("claw-1").turns
+    assert len(turns) == 2 and turns[0].next_state == (reply,)
+    assert turns[0].tools == tuple(tools)
+
+
+def test_default_turn_type_is_configurable(tiny_engine, tmp_path):
+    with (
+        Store(tmp_path / "s.sqlite") as store,
+        running(tiny_engine, store, ProxyConfig(default_turn_type=TurnType.SIDE)) as (url, _),
+    ):
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        _, headers = create(client)
+        assert store.session(headers["x-session-id"]).turns[0].turn_type is TurnType.SIDE
+
+
+def test_base_model_requests_are_side_turns(client, store):
+    raw = client.chat.completions.with_raw_response.create(model="base", messages=USER, **SHORT)
+    (turn,) = store.session(raw.headers["x-session-id"]).turns
+    assert turn.turn_type is TurnType.SIDE and turn.policy_version == 0
+
+
+def test_api_key_is_required_when_configured(tiny_engine, tmp_path):
+    with (
+        Store(tmp_path / "s.sqlite") as store,
+        running(tiny_engine, store, ProxyConfig(api_key="sesame")) as (url, _),
+    ):
+        with pytest.raises(openai.AuthenticationError):
+            create(openai.OpenAI(base_url=url, api_key="wrong", max_retries=0))
+        reply, _ = create(openai.OpenAI(base_url=url, api_key="sesame", max_retries=0))
+        assert reply.choices[0].message.role == "assistant"
+        assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+BAD_REQUESTS = {
+    "unknown model": ({"model": "gpt-17"}, 404),
+    "bad role": ({"messages": [{"role": "wizard", "content": "hi"}]}, 400),
+    "no messages": ({"messages": []}, 400),
+    "user without content": ({"messages": [{"role": "user"}]}, 400),
+    "bad tool type": ({"tools": [{"type": "web", "function": {"name": "f"}}]}, 400),
+    "bad tool name": ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, 400),
+    "tool parameters not an object": (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]},
+        400,
+    ),
+    "negative temperature": ({"temperature": -0.5}, 400),
+    "huge temperature": ({"temperature": 1e9}, 400),
+    "top_p zero": ({"top_p": 0}, 400),
+    "max_tokens zero": ({"max_tokens": 0}, 400),
+    "max_completion_tokens negative": ({"max_completion_tokens": -5}, 400),
+    "n too large": ({"n": 10_000}, 400),
+    "too many stops": ({"stop": ["a", "b", "c", "d", "e"]}, 400),
+    "temperature not a number": ({"temperature": "hot"}, 400),
+    "bad turn type": ({"extra_body": {"turn_type": "sideways"}}, 400),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_bad_input_is_a_4xx_with_an_openai_error(client, served, case):
+    change, status = BAD_REQUESTS[case]
+    body = {"model": "policy", "messages": USER, "max_tokens": 2, **change}
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(**body)
+    assert raised.value.status_code == status
+    assert raised.value.body["message"] and raised.value.body["type"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_over_the_context_is_a_400(client, tiny_engine, stream):
+    huge = [{"role": "user", "content": "word " * (tiny_engine.context_length + 10)}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model="policy", messages=huge, stream=stream)
+    assert raised.value.body["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"[1, 2]", b'{"model": "policy", "messages": "hi"}', b"\xff\xfe"]
+)
+def test_malformed_bodies_are_400s_and_the_server_lives(client, served, raw):
+    response = httpx.post(
+        served[0] + "/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and response.json()["error"]["message"]
+    assert create(client)[0].choices[0].message.role == "assistant"
+
+
+def test_nan_temperature_is_refused(served):
+    raw = b'{"model": "policy", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
+    response = httpx.post(served[0] + "/chat/completions", content=raw)
+    assert response.status_code == 400 and "temperature" in response.json()["error"]["message"]
+
+
+def test_unknown_route_is_an_openai_style_404(served):
+    response = httpx.get(served[0] + "/nothing")
+    assert response.status_code == 404 and "error" in response.json()
+
+
+@pytest.mark.parametrize(
+    "body", [{"path": "/nonexistent/adapter", "version": 7}, {"path": 3}, {"version": "x"}]
+)
+def test_a_bad_publish_is_a_400_and_serving_goes_on(client, served, body):
+    response = httpx.post(served[0].removesuffix("/v1") + "/admin/adapters", json=body)
+    assert response.status_code == 400 and response.json()["error"]["message"]
+    reply, headers = create(client)
+    assert reply.choices[0].message.role == "assistant"
+    assert served[1].session(headers["x-session-id"]).turns[0].policy_version == 0

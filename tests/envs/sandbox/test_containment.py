@@ -1,0 +1,223 @@
+"""The containment battery, on both backends: each attack is contained, the agent gets a
+clear error, the sandbox takes the next command, and the host is unchanged. Network tests
+target a registry by name and a loopback server this test starts; nothing else."""
+
+import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from envs.sandbox import SandboxError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def assert_usable(sandbox):
+    result = sandbox.exec("cd /workspace && echo ok > usable.txt && cat usable.txt", timeout=30)
+    assert (result.exit_code, result.stdout) == (0, "ok\n")
+
+
+@pytest.fixture
+def loopback_server():
+    """A TCP server on the host's 127.0.0.1 that records every connection it accepts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.fixture
+def host_secrets():
+    """Files with a secret token in the home directory and in the project's runs/ (where
+    stores live); removed afterwards."""
+    token = secrets.token_hex(16)
+    paths = [
+        Path.home() / f".clawgym-secret-{token[:8]}",
+        ROOT / "runs" / f"secret-{token[:8]}" / "store.sqlite",
+    ]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(token)
+    yield token, paths
+    for path in paths:
+        path.unlink()
+    paths[1].parent.rmdir()
+
+
+def test_no_network_egress_to_a_registry(sandbox):
+    script = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('pypi.org', 443), timeout=5)\n"
+        "    print('CONNECTED')\n"
+        "except OSError as error:\n"
+        "    print('refused:', error)\n"
+    )
+    result = sandbox.exec(f'python3 -c "{script}"', timeout=30)
+    assert "refused:" in result.stdout and "CONNECTED" not in result.stdout
+    assert_usable(sandbox)
+
+
+def test_host_loopback_services_are_unreachable(sandbox, loopback_server):
+    port, accepted = loopback_server
+    result = sandbox.exec(
+        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\"",
+        timeout=30,
+    )
+    assert result.exit_code != 0 and "ConnectionRefusedError" in result.stderr
+    assert accepted == []
+    assert_usable(sandbox)
+
+
+def test_writes_outside_the_workspace_never_reach_the_host(sandbox, backend):
+    probe = f"clawgym-probe-{secrets.token_hex(4)}"
+    targets = [f"/etc/{probe}", f"/usr/{probe}", f"/{probe}", f"{Path.home()}/{probe}"]
+    result = sandbox.exec("; ".join(f"echo x > {t}" for t in targets) + f"; echo x > /tmp/{probe}")
+    for target in targets:
+        assert not Path(target).exists()
+    if backend == "bwrap":  # a read-only system: every write outside the workspace fails
+        assert (
+            result.stderr.count("Read-only file system") + result.stderr.count("No such file") == 4
+        )
+    assert_usable(sandbox)
+
+
+def test_host_files_outside_the_mounts_cannot_be_read(sandbox, host_secrets):
+    token, paths = host_secrets
+    result = sandbox.exec(
+        "; ".join(f"cat {p}" for p in paths)
+        + f"; grep -rs {token} /root /home /work /var 2>/dev/null",
+        timeout=60,
+    )
+    assert token not in result.stdout + result.stderr
+    assert result.stderr.count("No such file or directory") == len(paths)
+    assert_usable(sandbox)
+
+
+def test_a_fork_bomb_is_contained(sandbox):
+    bomb = sandbox.exec(":(){ :|:& };:; sleep 3", timeout=20)
+    deadline = time.monotonic() + 30  # under load the bomb may fill the sandbox after `sleep`
+    while time.monotonic() < deadline and not bomb.timed_out:
+        if "[error] the sandbox reached its limit" in bomb.stderr:
+            break
+        time.sleep(0.5)
+        bomb = sandbox.exec("true", timeout=20)
+    assert "[error] the sandbox reached its limit" in bomb.stderr or bomb.timed_out
+    assert subprocess.run(["true"]).returncode == 0  # the host still forks
+    assert_usable(sandbox)
+
+
+def test_a_memory_bomb_is_contained(sandbox):
+    result = sandbox.exec(
+        'python3 -c "chunks = []\nwhile True: chunks.append(bytearray(32 * 1024 * 1024))"',
+        timeout=60,
+    )
+    assert result.exit_code != 0 and not result.timed_out
+    assert "MemoryError" in result.stderr or result.exit_code == 137
+    assert_usable(sandbox)
+
+
+@pytest.mark.parametrize("spin", ["python3 -c 'while True: pass'", "while :; do :; done"])
+def test_a_cpu_spin_is_killed_at_the_timeout(sandbox, spin):
+    sandbox.exec("cd /tmp && export KEPT=1")
+    result = sandbox.exec(spin, timeout=2)
+    assert result.timed_out and result.exit_code == 124
+    assert sandbox.exec('pwd; echo "$KEPT"').stdout == "/tmp\n1\n"
+    assert_usable(sandbox)
+
+
+def test_a_100mb_output_flood_is_capped_visibly(sandbox):
+    result = sandbox.exec("head -c 100000000 /dev/zero | tr '\\0' y", timeout=120)
+    assert result.exit_code == 0 and result.truncated
+    assert result.stdout_omitted > 99_000_000
+    assert "bytes of output omitted" in result.stdout
+    assert len(result.stdout) < 9000
+    assert_usable(sandbox)
+
+
+def test_a_disk_filler_stops_at_the_file_size_limit(sandbox):
+    result = sandbox.exec("head -c 100000000 /dev/zero > /workspace/big; echo status=$?")
+    assert "status=153" in result.stdout  # 128 + SIGXFSZ: "File size limit exceeded"
+    size = sandbox.exec("stat -c %s /workspace/big").stdout.strip()
+    assert int(size) == 64 * 1024 * 1024
+    sandbox.exec("rm /workspace/big")
+    assert_usable(sandbox)
+
+
+def test_no_process_is_left_after_close(sandbox, backend):
+    sandbox.exec("sleep 1002 & setsid nohup sleep 1003 >/dev/null 2>&1 & disown; true")
+    sandbox.close()
+    if backend == "bwrap":
+        leftover = [p for p in _host_processes() if p[1] == sandbox.uid and not _zombie(p[0])]
+        assert leftover == []
+        assert not sandbox.root.exists()
+    else:
+        import docker
+
+        with pytest.raises(docker.errors.NotFound):
+            docker.from_env().containers.get(sandbox.container.id)
+    assert not any("sleep 100" in cmd for _, _, cmd in _host_processes())
+
+
+def test_symlinks_pointing_out_are_not_followed_when_copying_out(sandbox, host_secrets):
+    token, paths = host_secrets
+    sandbox.exec(f"ln -s {paths[0]} /workspace/file-link; ln -s / /workspace/root-link")
+    for path in ("/workspace/file-link", f"/workspace/root-link{paths[0]}"):
+        try:
+            data = sandbox.read_file(path)
+        except SandboxError:
+            continue
+        assert token.encode() not in data
+    assert_usable(sandbox)
+
+
+def test_symlinks_pointing_out_are_not_followed_when_copying_in(sandbox, tmp_path):
+    sandbox.exec(f"ln -s {tmp_path} /workspace/dir-link")
+    try:
+        sandbox.write_file("/workspace/dir-link/planted.txt", "x")
+    except SandboxError:
+        pass
+    assert list(tmp_path.iterdir()) == []
+    assert_usable(sandbox)
+
+
+def _zombie(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+def _host_processes():
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
+                found.append((int(entry.name), entry.stat().st_uid, cmd.decode(errors="replace")))
+            except OSError:
+                continue
+    return found

@@ -1,0 +1,58 @@
+"""Docker-specific duties: the base image is built locally under the tag the backend
+expects, containers are labelled, and the reaper removes those whose parent died."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.sandbox.docker import BASE_PACKAGES, LABEL, base_image_tag, reap_orphans
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_build_script_and_the_backend_agree_on_the_image():
+    script = (ROOT / "scripts" / "docker_base_image.sh").read_text()
+    assert re.search(r'^packages="([^"]+)"', script, re.MULTILINE).group(1) == BASE_PACKAGES
+    assert "docker import" in script and "docker pull" not in script
+
+
+@pytest.mark.docker
+def test_base_image_is_local_and_containers_have_no_network(docker_daemon):
+    import docker
+
+    client = docker.from_env()
+    image = client.images.get(base_image_tag())
+    assert image.attrs["RepoDigests"] == []  # imported here, never pulled from a registry
+    from envs.sandbox.docker import DockerSandbox
+
+    with DockerSandbox() as sandbox:
+        attrs = client.containers.get(sandbox.container.id).attrs
+        assert attrs["HostConfig"]["NetworkMode"] == "none"
+        assert attrs["Config"]["Labels"][LABEL] == "1"
+        assert sandbox.exec("ls /sys/class/net").stdout.split() == ["lo"]
+
+
+@pytest.mark.docker
+def test_the_reaper_removes_containers_whose_parent_died(docker_daemon):
+    import docker
+
+    crash = (
+        "import os\n"
+        "from envs.sandbox.docker import DockerSandbox\n"
+        "sandbox = DockerSandbox()\n"
+        "print(sandbox.container.id, flush=True)\n"
+        "os._exit(1)  # a crash: close() never runs\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", crash], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    orphan = result.stdout.strip()
+    client = docker.from_env()
+    container = client.containers.get(orphan)
+    assert container.status == "running"
+    assert container.name in reap_orphans(client)
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(orphan)
