@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +119,3 @@ class Session:
     def replace(self, **changes: Any) -> Session:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
-
-
-def as_tuple(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
-    """Tuples for record fields given lists (for example decoded JSON)."""
-    return None if values is None else tuple(values)

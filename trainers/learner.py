@@ -18,7 +18,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -337,8 +337,3 @@ def _fsync_tree(root: Path) -> None:
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
-
-
-def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
-    """Metrics as a flat dict for logs and TensorBoard."""
-    return asdict(metrics)
