@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: setup train test lint bench-store bench-gui bench-sandbox bench-serving
+.PHONY: setup train test lint bench-store bench-gui bench-sandbox bench-serving bench-leaderboard bench-swe
 
 setup:
 	bash scripts/setup.sh
@@ -34,3 +34,10 @@ bench-sandbox: setup
 
 bench-serving: setup
 	$(PY) -m benchmarks.perf.serving
+
+# The leaderboard: pass Hydra overrides with ARGS="suite=full policy=[smollm2-135m]".
+bench-leaderboard: setup
+	$(PY) -m benchmarks.run $(if $(ARGS),$(ARGS),suite=smoke policy=tiny)
+
+bench-swe: setup
+	$(PY) -m benchmarks.perf.swe

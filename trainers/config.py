@@ -66,7 +66,8 @@ class JudgeConfig:
 
     kind: str = "self"
     """self (the policy's base model), remote (an OpenAI-compatible URL), env (the
-    environment's outcome), or a custom judge as `module:Class`."""
+    environment's outcome), feedback (a phrase lexicon reading the user's reply; for
+    machines without a capable judge model), or a custom judge as `module:Class`."""
     votes: int = 3
     """m: samples per turn for the score, and again for the hint."""
     decoding: str = "guided"
@@ -155,12 +156,38 @@ class TrainerConfig:
     """Recompute activations in backward: less memory, ~30% more time."""
     logprob_chunk: int = 128
     """Positions per chunk when computing target log-probs (never the full logits)."""
+    mmap_threshold_kb: int = 0
+    """glibc malloc: allocations from this size on are mapped and returned to the system
+    when freed. 0 keeps glibc's adaptive threshold, whose heap holds on to a step's freed
+    activations (4x the peak memory of a step measured here) but reuses memory fast; 128
+    caps a learner's memory, at the price of a page-faulting mmap for every large tensor,
+    which slows an embedded engine decoding in the same process: set it when the engine
+    runs elsewhere (vLLM)."""
     max_backlog: int = 64
     """Judged turns waiting for training before rollouts pause (the bounded queue)."""
     overlap: bool = True
     """Run rollout, judging and training concurrently; false alternates them strictly."""
     wandb_project: str | None = None
     """Also log metrics to this W&B project (needs `pip install wandb`)."""
+
+
+@dataclass
+class ServeSection:
+    """The OpenAI-compatible proxy the trainer serves the policy through (agents/proxy.py):
+    always with `env.users=live`, on request during simulated runs."""
+
+    enabled: bool = False
+    """Also serve clients during a simulated run (their main turns train too)."""
+    host: str = "127.0.0.1"
+    """Bind address; beyond loopback needs `serve.api_key`."""
+    port: int = 30000
+    """Listening port (0: any free port, logged at start)."""
+    api_key: str | None = None
+    """Bearer key clients must send (required beyond loopback)."""
+    turn_type: str = "main"
+    """Turn type of requests without `X-Turn-Type`: main turns train, side turns do not."""
+    max_tokens: int = 512
+    """Completion budget of requests that set none."""
 
 
 @dataclass
@@ -174,6 +201,7 @@ class RunConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    serve: ServeSection = field(default_factory=ServeSection)
     seed: int = 0
     """Seeds task choice, sampling and the LoRA initialisation."""
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
@@ -206,8 +234,27 @@ def validate(config: RunConfig) -> None:
         raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
     if not 0 <= config.trainer.clip_low < 1 or config.trainer.clip_high < 0:
         raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
+    if config.env.users not in ("simulated", "live"):
+        raise ValueError(f"env.users must be simulated or live, got {config.env.users!r}")
+    if config.serve.turn_type not in ("main", "side"):
+        raise ValueError(f"serve.turn_type must be main or side, got {config.serve.turn_type!r}")
+    if not 0 <= config.serve.port < 65536:
+        raise ValueError(f"serve.port must be in 0..65535, got {config.serve.port}")
+    if not config.serve.api_key and not _is_loopback(config.serve.host):
+        raise ValueError(
+            f"serve.host={config.serve.host} is beyond loopback: set serve.api_key=... too"
+        )
     if not config.env.id.startswith("clawgym/"):
         raise ValueError(f"env.id must be a clawgym/ id, got {config.env.id!r}")
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def register_configs() -> None:

@@ -9,8 +9,10 @@
   the hint appended to the last user message.
 
 Judges: `self` (the policy's base model through the same engine), `remote` (any
-OpenAI-compatible endpoint), `env` (the environment's outcome), or a custom class given
-as `module:Class`. The prompt templates are files a user can replace.
+OpenAI-compatible endpoint), `env` (the environment's outcome), `feedback` (a reader of
+plain user feedback with a phrase lexicon, for machines that cannot run a judge model
+strong enough to read it), or a custom class given as `module:Class`. The prompt
+templates are files a user can replace.
 """
 
 from __future__ import annotations
@@ -156,14 +158,11 @@ class LLMJudge:
             else self._free_votes(score_prompt)
         )
         hint = self._hint(fields, rng) if want_hint else None
-        teacher_logprobs = None
-        if hint is not None:
-            prompt = self.teacher.encode(with_hint(turn.prompt_messages, hint), turn.tools or None)
-            teacher_logprobs = tuple(
-                self.teacher.score(prompt, turn.completion_token_ids, adapter=BASE)
-            )
         return Judgement(
-            tuple(v for v in votes if v is not None), majority(votes), hint, teacher_logprobs
+            tuple(v for v in votes if v is not None),
+            majority(votes),
+            hint,
+            teacher_logprobs(self.teacher, turn, hint),
         )
 
     def _hint(self, fields: dict[str, str], rng: random.Random) -> str | None:
@@ -228,6 +227,85 @@ def _softmax(values: Sequence[float]) -> list[float]:
     return [e / sum(exps) for e in exps]
 
 
+def teacher_logprobs(teacher: Engine, turn: Turn, hint: str | None) -> tuple[float, ...] | None:
+    """The base model's log-probs of the student's own tokens in the hinted context."""
+    if hint is None:
+        return None
+    prompt = teacher.encode(with_hint(turn.prompt_messages, hint), turn.tools or None)
+    return tuple(teacher.score(prompt, turn.completion_token_ids, adapter=BASE))
+
+
+# Everyday English for "that was not what I wanted" and "that was what I wanted". A
+# complaint wins over thanks ("thanks, but too long"); a request with no thanks ("please
+# put it in bullet points") is a complaint too: a satisfied user asks for no change.
+_DISSATISFIED = re.compile(
+    r"\b(too (long|short|wordy|verbose|formal|casual)|not (right|quite|what|how|an answer"
+    r"|listening|as)|didn'?t (answer|ask|want)|wrong|shorter|longer|redo|try again|once more"
+    r"|forget it|never ?mind|drop it|I asked|instead|no more than|under \d+|you forgot"
+    r"|where'?s)\b",
+    re.IGNORECASE,
+)
+_SATISFIED = re.compile(
+    r"\b(thanks|thank you|perfect|great|exactly|helpful|that works|got it|nice|all set)\b",
+    re.IGNORECASE,
+)
+_REQUEST = re.compile(
+    r"\b(please|por favor|should|always|only|every|more|less|without)\b", re.IGNORECASE
+)
+# Sentences that only ask for a retry or vent: no instruction a teacher could follow.
+_NOT_AN_INSTRUCTION = re.compile(
+    r"^(still not right|try again|can you redo that|please redo it|once more, please"
+    r"|forget it|never ?mind|hello)\b",
+    re.IGNORECASE,
+)
+
+
+def feedback_vote(text: str) -> int:
+    """+1 when a user's reply reads satisfied, -1 when it complains or asks for a change,
+    0 when it says neither."""
+    if _DISSATISFIED.search(text):
+        return -1
+    if _SATISFIED.search(text):
+        return 1
+    return -1 if _REQUEST.search(text) else 0
+
+
+def feedback_hint(text: str) -> str:
+    """The instructions of a complaint: its sentences less bare retries and venting."""
+    sentences = re.split(r"(?<=[.!?])\s+", text.strip())
+    kept = [s for s in sentences if s and not _NOT_AN_INSTRUCTION.match(s)]
+    return " ".join(kept)
+
+
+class FeedbackJudge:
+    """Reads the user's reply with a phrase lexicon instead of a judge model: a complaint
+    scores -1 and its instructions ("keep it under 25 words") become the OPD hint, thanks
+    score +1, anything else 0 (masked). It never sees the environment's preference check,
+    only the words a person wrote, so it stands in for a judge model that reads them well
+    (what OpenClaw-RL gets from a large judge) on a CPU machine whose judge would be the
+    135M policy itself. The teacher is still the policy's base model.
+
+    Args:
+        config: the judge's config (`hint_min_chars`).
+        engine: serves the teacher (the policy's base model).
+    """
+
+    def __init__(self, config: JudgeConfig, engine: Engine):
+        self.config, self.engine = config, engine
+
+    def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
+        if turn.next_state is None:
+            return None if session.status == "open" else Judgement()
+        role, text = render_next_state(turn.next_state)
+        if role != "user":
+            return Judgement()  # a tool result is no person's feedback
+        vote = feedback_vote(text)
+        hint = feedback_hint(text) if want_hint and vote == -1 else None
+        if hint is not None and len(hint) <= self.config.hint_min_chars:
+            hint = None
+        return Judgement((vote,), float(vote), hint, teacher_logprobs(self.engine, turn, hint))
+
+
 class EnvJudge:
     """Scores every turn of a finished episode with the sign of its outcome reward: the
     environment's verifiable verdict (tests pass, task solved). No votes, no hints."""
@@ -245,6 +323,8 @@ def build_judge(config: JudgeConfig, engine: Engine) -> Judge:
         return LLMJudge(config, voter=engine, teacher=engine)
     if config.kind == "env":
         return EnvJudge()
+    if config.kind == "feedback":
+        return FeedbackJudge(config, engine)
     if config.kind == "remote":
         from agents.engines.remote import RemoteEngine
 
@@ -257,6 +337,8 @@ def build_judge(config: JudgeConfig, engine: Engine) -> Judge:
         return LLMJudge(free, voter=remote, teacher=engine, voter_adapter=POLICY)
     module, _, name = config.kind.partition(":")
     if not name:
-        raise ValueError(f"judge.kind={config.kind!r}: use self, remote, env, or module:Class")
+        raise ValueError(
+            f"judge.kind={config.kind!r}: use self, remote, env, feedback, or module:Class"
+        )
     judge: Judge = getattr(importlib.import_module(module), name)(config, engine)
     return judge

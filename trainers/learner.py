@@ -107,6 +107,28 @@ def _gather_logprobs(
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
 
 
+def set_mmap_threshold(size: int) -> bool:
+    """Fixes glibc's mmap threshold for this process; False where libc is not glibc.
+
+    PyTorch's CPU allocator frees each tensor back to malloc. glibc raises its mmap
+    threshold (up to 32 MiB) whenever a mapped block is freed, after which a step's
+    activations come from the heap, and a fragmented heap keeps what was freed: a LoRA step
+    on SmolLM2 at 8 x 512 tokens peaked at 5.5 GiB RSS that way, 1.4 GiB with the threshold
+    fixed at 128 KiB (measured here; benchmarks/perf/learner.py measures the default).
+    Setting it explicitly also turns the adaptation off.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    return bool(mallopt(m_mmap_threshold, size)) and bool(mallopt(m_trim_threshold, size))
+
+
 def micro_batches(samples: list[TrainSample], token_budget: int) -> list[list[TrainSample]]:
     """Consecutive groups whose padded size (rows x longest) stays within the budget."""
     batches: list[list[TrainSample]] = []
@@ -133,6 +155,8 @@ class Learner:
         from peft import LoraConfig, get_peft_model
 
         self.config, self.run_dir = config, Path(run_dir)
+        if config.mmap_threshold_kb:
+            set_mmap_threshold(config.mmap_threshold_kb * 1024)
         base, _ = models.load(model_name)
         lora = LoraConfig(
             r=config.lora_rank,

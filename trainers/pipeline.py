@@ -37,11 +37,14 @@ from trainers.config import RunConfig
 from trainers.judge import Judge
 from trainers.learner import Learner, StepMetrics
 from trainers.metrics import MetricsWriter
-from trainers.samples import Selection, select
+from trainers.samples import Selection, baseline_key, first_batch, select
 
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[str, int], None]
+
+_IDLE_POLL_S = 0.25
+"""How long a loop with nothing to do waits before looking at the store again."""
 
 
 @dataclass
@@ -137,7 +140,7 @@ class Pipeline:
                 self.learner.step_count < self.config.trainer.max_steps and not self._stop.is_set()
             ):
                 if self._train_once() is None:
-                    time.sleep(0.05)
+                    time.sleep(_IDLE_POLL_S)
                 for loop in loops:
                     if not loop.is_alive() and not self._stop.is_set():
                         raise RuntimeError(f"the {loop.name} loop died; see the log above")
@@ -174,7 +177,7 @@ class Pipeline:
                 TurnStatus.JUDGED
             )
             if waiting >= self.config.trainer.max_backlog:
-                time.sleep(0.1)
+                time.sleep(_IDLE_POLL_S)
                 continue
             self._play_group()
 
@@ -229,7 +232,7 @@ class Pipeline:
     def _judge_loop(self) -> None:
         while not self._stop.is_set():
             if not self._judge_pending():
-                time.sleep(0.1)
+                time.sleep(_IDLE_POLL_S)
 
     def _judge_pending(self) -> bool:
         """Judges the collected main turns that can be judged now; True if any were."""
@@ -253,6 +256,10 @@ class Pipeline:
     # -- training ------------------------------------------------------------------------
     def _train_once(self) -> StepMetrics | None:
         """One optimiser step if enough judged turns are ready; None otherwise."""
+        # a COUNT first: loading and decoding the judged turns on every poll took a third
+        # of a core and the GIL from the engine thread while a batch filled up
+        if self.store.count_turns(TurnStatus.JUDGED) < self.config.trainer.batch_turns:
+            return None
         ready, sessions = self._ready_turns()
         if len(ready) < self.config.trainer.batch_turns:
             return None
@@ -262,18 +269,19 @@ class Pipeline:
                 self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
                 self.progress.turns_dropped += len(selection.dropped)
             return None
-        metrics = self.learner.step(list(selection.samples))
+        # `batch_turns` a step; the rest stay judged for the next one
+        keys = {seq: baseline_key(turn, sessions[turn.session_id]) for seq, turn in ready}
+        batch = first_batch(selection.samples, keys, self.config.trainer.batch_turns)
+        metrics = self.learner.step(list(batch))
         adapter = self.learner.save_adapter()
-        self.learner.save_checkpoint(
-            {"trained_turns": self.progress.turns_trained + len(selection.samples)}
-        )
-        self.store.mark_trained([s.seq for s in selection.samples])
+        self.learner.save_checkpoint({"trained_turns": self.progress.turns_trained + len(batch)})
+        self.store.mark_trained([s.seq for s in batch])
         self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
         self.publish(str(adapter), self.learner.version)
-        self.progress.turns_trained += len(selection.samples)
+        self.progress.turns_trained += len(batch)
         self.progress.turns_dropped += len(selection.dropped)
         self.progress.steps.append(metrics)
-        self._log_metrics(metrics, selection)
+        self._log_metrics(metrics, selection, _mean_judge_score(ready))
         return metrics
 
     def _select(self, ready: list[tuple[int, Turn]], sessions: dict[str, Session]) -> Selection:
@@ -314,8 +322,11 @@ class Pipeline:
         ]
         return ready, sessions
 
-    def _log_metrics(self, metrics: StepMetrics, selection: Selection) -> None:
+    def _log_metrics(
+        self, metrics: StepMetrics, selection: Selection, judge_score: float | None
+    ) -> None:
         row = asdict(metrics) | {
+            "judge_score": judge_score,
             "dropped": len(selection.dropped),
             "stale": selection.stale,
             "episodes": self.progress.episodes,
@@ -331,3 +342,10 @@ class Pipeline:
             self.progress.mean_recent_reward,
             metrics.seconds,
         )
+
+
+def _mean_judge_score(turns: list[tuple[int, Turn]]) -> float | None:
+    """The judge's mean verdict on the turns a step drew from: with a judge reading real
+    feedback, the training-time curve of how often the user was satisfied."""
+    scores = [t.judgement.score for _, t in turns if t.judgement is not None]
+    return sum(scores) / len(scores) if scores else None

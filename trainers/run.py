@@ -12,10 +12,12 @@ resolved config, the store, the adapters (adapters/v<N>), checkpoints, metrics
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 
 import envs  # noqa: F401  (registers the clawgym/ environments)
 from agents.engines.embedded import EmbeddedEngine
+from agents.proxy import Proxy, ProxyConfig
+from agents.serve import in_thread
 from agents.store import Store
-from agents.trajectory import TurnStatus
+from agents.trajectory import TurnStatus, TurnType
 from trainers.config import RunConfig, register_configs, validate
 from trainers.judge import build_judge
 from trainers.learner import Learner
@@ -69,19 +73,25 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     make_env = None
     if config.env.users != "live":
         make_env = lambda: gym.make(config.env.id, **config.env.kwargs)  # noqa: E731
-    pipeline = Pipeline(
-        config,
-        run_dir,
-        engine,
-        store,
-        learner,
-        build_judge(config.judge, engine),
-        make_env,
-        metrics=metrics,
-    )
     try:
-        with _live_progress(pipeline.progress, config.trainer.max_steps):
-            steps = pipeline.run(overlap=config.trainer.overlap)
+        with contextlib.ExitStack() as serving:
+            publish = None
+            if config.env.users == "live" or config.serve.enabled:
+                proxy = serving.enter_context(_serve(config, engine, store))
+                publish = proxy.publish_adapter
+            pipeline = Pipeline(
+                config,
+                run_dir,
+                engine,
+                store,
+                learner,
+                build_judge(config.judge, engine),
+                make_env,
+                publish=publish,
+                metrics=metrics,
+            )
+            with _live_progress(pipeline.progress, config.trainer.max_steps):
+                steps = pipeline.run(overlap=config.trainer.overlap)
         return RunSummary(
             run_dir=str(run_dir),
             method=config.method.name,
@@ -101,6 +111,23 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
         metrics.close()
         store.close()
         engine.close()
+
+
+@contextlib.contextmanager
+def _serve(config: RunConfig, engine: EmbeddedEngine, store: Store) -> Iterator[Proxy]:
+    """The serving loop: the proxy on the run's engine and store, in a thread."""
+    proxy_config = ProxyConfig(
+        model_name=config.model.name,
+        api_key=config.serve.api_key,
+        default_turn_type=TurnType(config.serve.turn_type),
+        max_tokens=config.serve.max_tokens,
+    )
+    with in_thread(engine, store, proxy_config, config.serve.host, config.serve.port) as (
+        url,
+        proxy,
+    ):
+        logger.info("serving the policy at %s (model `policy`; `base` is the adapter off)", url)
+        yield proxy
 
 
 def _mean_gap(steps: list[Any]) -> float | None:

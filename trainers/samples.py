@@ -10,7 +10,7 @@ versions, are dropped: consumed, never trained.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +84,11 @@ def select(
     return Selection(tuple(samples), tuple(dropped), stale=len(judged) - len(fresh))
 
 
+def baseline_key(turn: Turn, session: Session) -> tuple[str, int]:
+    """The baseline group of a turn: the rollouts of its task at the same turn index."""
+    return (session.group_id or turn.session_id, turn.index)
+
+
 def _centred(
     turns: Sequence[tuple[int, Turn]],
     rewards: Mapping[int, float | None],
@@ -94,7 +99,7 @@ def _centred(
     rated = [(s, t) for s, t in turns if rewards[s] is not None]
     if not rated:
         return {}
-    keys = [(sessions[t.session_id].group_id or t.session_id, t.index) for _, t in rated]
+    keys = [baseline_key(t, sessions[t.session_id]) for _, t in rated]
     values = torch.tensor([float(rewards[s] or 0.0) for s, _ in rated])
     centred = group_baseline(values, keys, scale_by_std)
     return {s: float(a) for (s, _), a in zip(rated, centred, strict=True)}
@@ -113,3 +118,23 @@ def _advantages(
         return None if teacher_tensor is None else opd_advantages(teacher_tensor, rollout)
     score = 0.0 if centred is None else centred
     return combine_advantages(rollout, teacher_tensor, score, method.w_opd, method.w_rl)
+
+
+def first_batch(
+    samples: Sequence[TrainSample], keys: Mapping[int, Hashable], size: int
+) -> tuple[TrainSample, ...]:
+    """The oldest samples of whole baseline groups, at least `size` of them (all if fewer).
+
+    `keys[seq]` is a sample's baseline group: the rollouts whose mean was subtracted from
+    its reward. A step takes whole groups so that turns it leaves for later keep the
+    baseline they were centred with.
+    """
+    buckets: dict[Hashable, list[TrainSample]] = {}
+    for sample in samples:
+        buckets.setdefault(keys[sample.seq], []).append(sample)
+    batch: list[TrainSample] = []
+    for bucket in buckets.values():
+        if len(batch) >= size:
+            break
+        batch += bucket
+    return tuple(batch)

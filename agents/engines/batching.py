@@ -13,10 +13,13 @@ request while others run.)
 
 Adapters: peft's mixed-batch LoRA (`adapter_names=`, one per row, `"__base__"` for the
 adapter switched off) lets base and policy rows, and rows of an older and a newer policy
-version, share a forward pass. A request binds the version current when it is submitted
-and keeps it to its end. A new version is loaded beside the old one between two steps and
-the old one is deleted once no request uses it: a swap fails no request and pauses
-decoding only for the load itself.
+version, share a forward pass. Adapters live in preallocated slots (`agents.engines.
+lora_slots`): a request binds the slot and version current when it is submitted and keeps
+them to its end (a count of users per slot). Publishing reads the new adapter on the
+caller's thread, copies it into a slot no request uses and flips the policy to it, without
+waiting for the scheduler thread: a swap fails no request and never pauses decoding. Only
+an adapter of a new shape (the first one, or a new rank) is loaded by peft, between two
+steps, which also makes the spare slots of its shape: that one publish is slower.
 
 All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
 reach it through a queue per request and futures for one-off jobs.
@@ -24,6 +27,7 @@ reach it through a queue per request and futures for one-off jobs.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -37,6 +41,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
 from agents.engines.base import SamplingParams
+from agents.engines.lora_slots import AdapterFiles, Slot, read_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,9 @@ T = TypeVar("T")
 END = object()
 """Put on a request's queue after its last token."""
 _NO_ADAPTER = "__base__"  # peft's row name for "adapter switched off"
+SPARE_SLOTS = 2
+"""Slots kept beside the policy's: one for the next version while requests still run on
+the previous one."""
 
 
 @dataclass(eq=False)
@@ -61,6 +69,8 @@ class Request:
     events: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     ids: list[int] = field(default_factory=list)
     cancelled: bool = False
+    retired: bool = False
+    """Out of the scheduler: its slot no longer counts it as a user."""
 
     def record(self, token: int, logprob: float, eos_ids: set[int]) -> bool:
         """Hands a sampled token to the consumer; True when the sequence is finished."""
@@ -104,12 +114,15 @@ class Scheduler:
         self.model, self.eos_ids, self.max_batch, self.threads = model, eos_ids, max_batch, threads
         self.peft: Any = None
         self.policy: tuple[str | None, int] = (None, 0)
+        """(slot, version) new policy requests bind; written under `_cond`."""
+        self._slots: dict[str, Slot] = {}
+        self._users: collections.Counter[str] = collections.Counter()
+        """Requests (and scores) bound to each slot; a slot with users is never written."""
+        self._publishing = threading.Lock()
         self._cond = threading.Condition()
         self._waiting: list[Request] = []
         self._jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._batch: _Batch | None = None
-        self._admitted: list[Request] = []
-        """Taken from the queue this round, not yet in the batch."""
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -126,11 +139,37 @@ class Scheduler:
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
         with self._cond:
             self._check_open()
-            adapter, version = self.policy if use_policy else (None, 0)
+            adapter, version = self._bind() if use_policy else (None, 0)
             request = Request(prompt_ids, sampling, max_new, stopped, adapter, version, generator)
             self._waiting.append(request)
             self._wake()
         return request
+
+    def _bind(self) -> tuple[str | None, int]:
+        """The policy's slot and version, counted as used until `_release` (under `_cond`)."""
+        slot, version = self.policy
+        if slot is not None:
+            self._users[slot] += 1
+        return slot, version
+
+    def bind_policy(self) -> tuple[str | None, int]:
+        """Binds the policy's slot for a one-off job (scoring); `release` it after."""
+        with self._cond:
+            return self._bind()
+
+    def release(self, slot: str | None) -> None:
+        if slot is not None:
+            with self._cond:
+                self._users[slot] -= 1
+
+    def _retire(self, requests: list[Request]) -> None:
+        """Requests leaving the scheduler (finished, cancelled, failed) free their slots."""
+        with self._cond:
+            for request in requests:
+                if not request.retired:
+                    request.retired = True
+                    if request.adapter is not None:
+                        self._users[request.adapter] -= 1
 
     def call(self, job: Callable[[], T]) -> T:
         """Runs `job` on the scheduler thread between two steps; returns its result."""
@@ -166,13 +205,13 @@ class Scheduler:
         with torch.inference_mode():
             while (work := self._next_work()) is not None:
                 jobs, admitted = work
-                self._admitted = admitted
-                self._collect_adapters()  # before jobs: a job's caller sees it done
-                for job, future in jobs:
-                    _run_job(job, future)
+                self._run_jobs(jobs)
+                if len({s.shape for s in self._slots.values()}) > 1:
+                    self._drop_slots()
                 try:
                     if admitted:
                         self._prefill(admitted)
+                        self._run_jobs(self._take_jobs())  # a long prefill delays no job twice
                     if self._batch is not None:
                         self._step()
                 except Exception as error:  # a broken step fails its requests, not the engine
@@ -182,6 +221,15 @@ class Scheduler:
         self._fail([*self._waiting, *(self._batch.rows if self._batch else [])], None)
         for _, future in self._jobs:
             future.set_exception(RuntimeError("the engine is closed"))
+
+    def _run_jobs(self, jobs: list[tuple[Callable[[], Any], Future[Any]]]) -> None:
+        for job, future in jobs:
+            _run_job(job, future)
+
+    def _take_jobs(self) -> list[tuple[Callable[[], Any], Future[Any]]]:
+        with self._cond:
+            jobs, self._jobs = self._jobs, []
+        return jobs
 
     def _next_work(
         self,
@@ -194,10 +242,13 @@ class Scheduler:
             jobs, self._jobs = self._jobs, []
             room = self.max_batch - (len(self._batch.rows) if self._batch else 0)
             admitted = [r for r in self._waiting[:room] if not r.cancelled]
+            dropped = [r for r in self._waiting[:room] if r.cancelled]
             del self._waiting[:room]
+        self._retire(dropped)
         return jobs, admitted
 
     def _fail(self, requests: list[Request], error: BaseException | None) -> None:
+        self._retire(requests)
         for request in requests:
             request.events.put(error or RuntimeError("the engine is closed"))
 
@@ -211,11 +262,13 @@ class Scheduler:
         logprobs, cache = self._forward(requests, ids, mask, positions, DynamicCache())
         fresh = _Batch(requests, cache, mask, [])
         done = self._sample(fresh, logprobs)
+        self._retire([r for r, d in zip(requests, done, strict=True) if d])
         self._batch = _merge(self._batch, _drop(fresh, done))
 
     def _step(self) -> None:
         batch = self._batch
         assert batch is not None
+        self._retire([r for r in batch.rows if r.cancelled])
         batch = _drop(batch, [r.cancelled for r in batch.rows])
         if batch is None:
             self._batch = None
@@ -224,7 +277,9 @@ class Scheduler:
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         ids = torch.tensor(batch.last)[:, None]
         logprobs, batch.cache = self._forward(batch.rows, ids, batch.mask, positions, batch.cache)
-        self._batch = _drop(batch, self._sample(batch, logprobs))
+        done = self._sample(batch, logprobs)
+        self._retire([r for r, d in zip(batch.rows, done, strict=True) if d])
+        self._batch = _drop(batch, done)
 
     def _forward(
         self,
@@ -239,6 +294,8 @@ class Scheduler:
         if self.peft is not None:
             model = self.peft
             names = [r.adapter or _NO_ADAPTER for r in rows]
+            if len(set(names)) == 1 and names[0] in self._slots:
+                self._activate(names[0])  # a uniform batch takes peft's plain path
             if set(names) != {self.peft.active_adapter}:
                 extra["adapter_names"] = names  # mixed batch: a LoRA per row
         out = model(
@@ -263,34 +320,98 @@ class Scheduler:
 
     # -- adapters ------------------------------------------------------------------------
     def load_adapter(self, path: str, version: int) -> None:
-        """Serves the LoRA adapter at `path` as policy version `version` (a job)."""
-        from peft import PeftModel
+        """Serves the LoRA adapter at `path` as policy version `version` (any thread).
 
-        name = f"v{version}"
+        The common case (a slot of its shape is free) copies it into that slot on this
+        thread and flips the policy: no wait for the scheduler thread. Otherwise peft loads
+        it into a new slot between two steps.
+        """
+        with self._publishing:
+            self._check_version(version)
+            adapter = read_adapter(path)
+            with self._cond:
+                spare = self._spare(adapter)
+            if spare is None:
+                self.call(lambda: self._load_slot(adapter, version))
+                return
+            spare.fill(adapter)  # no request is bound to it: none can see a half copy
+            with self._cond:
+                self._check_version(version)
+                self.policy = (spare.name, version)
+            logger.debug("adapter %s copied into %s as version %d", path, spare.name, version)
+
+    def _check_version(self, version: int) -> None:
         if version <= self.policy[1]:
             raise ValueError(f"adapter versions must increase: serving {self.policy[1]}")
+
+    def _spare(self, adapter: AdapterFiles) -> Slot | None:
+        """A slot that fits the adapter and no request uses (under `_cond`)."""
+        for slot in self._slots.values():
+            if slot.name != self.policy[0] and not self._users[slot.name] and slot.fits(adapter):
+                return slot
+        return None
+
+    def _load_slot(self, adapter: AdapterFiles, version: int) -> None:
+        """A job: peft loads the adapter into a new slot, which becomes the policy's."""
+        from peft import PeftModel
+
+        name = self._new_slot_name()
         if self.peft is None:
-            self.peft = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            self.peft = PeftModel.from_pretrained(self.model, adapter.path, adapter_name=name)
         else:
-            self.peft.load_adapter(path, adapter_name=name)
-            self.peft.set_adapter(name)
+            self.peft.load_adapter(adapter.path, adapter_name=name)
         self.peft.eval()
+        slot = Slot.of(self.peft, name, adapter.shape)
+        with self._cond:
+            self._slots[name] = slot
+            self._check_version(version)
+        # Spares now, in this publish: made in the background they were still being made
+        # (a second or more on a loaded machine) when the next version came, which then
+        # waited for them.
+        self._add_spares(adapter, name)
         with self._cond:
             self.policy = (name, version)
-        self._collect_adapters()
+        self._drop_slots()
 
-    def _collect_adapters(self) -> None:
-        """Deletes adapter versions that no request runs on any more."""
-        if self.peft is None or len(self.peft.peft_config) < 2:
+    def _add_spares(self, adapter: AdapterFiles, like: str) -> None:
+        """Empty slots beside slot `like`, for the next versions of its shape."""
+        if adapter.shape is None or self.peft is None:
             return
+        config = self.peft.peft_config[like]
+        while sum(s.shape == adapter.shape for s in self._slots.values()) <= SPARE_SLOTS:
+            name = self._new_slot_name()
+            self.peft.add_adapter(name, config)
+            slot = Slot.of(self.peft, name, adapter.shape)
+            with self._cond:
+                self._slots[name] = slot
+        self.peft.eval()
+
+    def _new_slot_name(self) -> str:
+        return f"slot{max((int(n[4:]) for n in self._slots), default=-1) + 1}"
+
+    def _activate(self, name: str) -> None:
+        if self.peft.active_adapter != name:
+            self.peft.set_adapter(name, inference_mode=True)
+
+    def _drop_slots(self) -> None:
+        """Deletes slots of another shape than the policy's (or of none: adapters peft
+        loads every time) that no request uses."""
         with self._cond:
-            used = {r.adapter for r in self._waiting}
-        used |= {r.adapter for r in self._admitted}
-        used |= {r.adapter for r in self._batch.rows} if self._batch else set()
-        for name in list(self.peft.peft_config):
-            if name != self.policy[0] and name not in used:
-                self.peft.delete_adapter(name)
-                logger.info("dropped adapter %s: no request uses it", name)
+            policy = self.policy[0]
+            shape = self._slots[policy].shape if policy else None
+            unused = [
+                n
+                for n, slot in self._slots.items()
+                if (slot.shape != shape or slot.shape is None)
+                and n != policy
+                and not self._users[n]
+            ]
+            for name in unused:
+                del self._slots[name]
+        for name in unused:
+            self._activate(policy or name)
+            self.peft.delete_adapter(name)
+            logger.info("dropped adapter slot %s: no request uses its shape", name)
 
 
 def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:

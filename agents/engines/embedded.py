@@ -4,7 +4,8 @@ One copy of the weights serves the policy (through the LoRA adapter, once one is
 and the self-judge / teacher (`adapter=None`, the adapter switched off). Concurrent
 requests are batched together by `agents.engines.batching.Scheduler` (continuous batching
 on one thread, base and policy rows in the same forward pass); its docstring says how and
-why. An adapter swap is atomic: a request runs start to finish on the version it began with.
+why. An adapter swap is atomic: a request runs start to finish on the version it began with;
+publishing copies the new weights into a preallocated slot (`agents.engines.lora_slots`).
 
 Log-probs are the model's raw ones (log-softmax of the logits at temperature 1, before
 temperature and top-p), as vLLM reports them by default, so that the learner's recomputed
@@ -42,14 +43,26 @@ class EmbeddedEngine:
         model: a model name or directory, as `agents.models.resolve` takes it.
         threads: torch CPU threads (None leaves torch's default).
         max_batch: most sequences decoded together in one forward pass.
+        context_length: the longest prompt plus completion served; None: the model's
+            `max_position_embeddings`. Longer runs a RoPE model on positions it was never
+            trained on: only for test models such as `tiny`, to serve long-prompt clients
+            (OpenClaw's prompt is over 14k tokens).
     """
 
-    def __init__(self, model: str = "tiny", threads: int | None = None, max_batch: int = 32):
+    def __init__(
+        self,
+        model: str = "tiny",
+        threads: int | None = None,
+        max_batch: int = 32,
+        context_length: int | None = None,
+    ):
         if threads is not None:
             torch.set_num_threads(threads)
+        if context_length is not None and context_length < 2:
+            raise ValueError(f"context_length must be at least 2, got {context_length}")
         self.model_name = model
         self.model, self.tokenizer = models.load(model)
-        self.context_length = int(self.model.config.max_position_embeddings)
+        self.context_length = context_length or int(self.model.config.max_position_embeddings)
         self._scheduler = Scheduler(self.model, self._eos_ids(), max_batch, threads)
 
     @property
@@ -169,17 +182,21 @@ class EmbeddedEngine:
                 f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
             )
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-        return self._scheduler.call(lambda: self._score(ids, len(prompt_ids), adapter))
+        # Bound like a request: a publish meanwhile never overwrites the slot it reads.
+        slot = self._scheduler.bind_policy()[0] if adapter == POLICY else None
+        try:
+            return self._scheduler.call(lambda: self._score(ids, len(prompt_ids), slot))
+        finally:
+            self._scheduler.release(slot)
 
-    def _score(self, ids: torch.Tensor, prompt_length: int, adapter: str | None) -> list[float]:
-        """Runs on the scheduler thread."""
+    def _score(self, ids: torch.Tensor, prompt_length: int, slot: str | None) -> list[float]:
+        """Runs on the scheduler thread; `slot` None is the base model."""
         peft = self._scheduler.peft
         with torch.inference_mode():
             if peft is None:
                 logits = self.model(input_ids=ids).logits
             else:
-                name = self._scheduler.policy[0] if adapter == POLICY else "__base__"
-                logits = peft(input_ids=ids, adapter_names=[name]).logits
+                logits = peft(input_ids=ids, adapter_names=[slot or "__base__"]).logits
         return (
             torch.log_softmax(logits[0, prompt_length - 1 : -1].float(), dim=-1)
             .gather(-1, ids[0, prompt_length:, None])[:, 0]
@@ -187,8 +204,9 @@ class EmbeddedEngine:
         )
 
     def load_adapter(self, path: str, version: int) -> None:
-        """Loads the adapter beside the one in use and swaps between two decoding steps."""
-        self._scheduler.call(lambda: self._scheduler.load_adapter(path, version))
+        """Copies the adapter into a free slot and swaps atomically: running requests keep
+        their version, later ones get this one (`agents.engines.batching`)."""
+        self._scheduler.load_adapter(path, version)
         logger.info("serving adapter %s as policy version %d", path, version)
 
     def close(self) -> None:

@@ -22,7 +22,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-CASES = ("plain peft (baseline)", "learner", "learner, no checkpointing")
+CASES = (
+    "plain peft (baseline)",
+    "learner, mmap threshold 128 KiB",
+    "learner, glibc's adaptive malloc",
+    "learner, no checkpointing",
+)
 
 
 def _plain_step(model_name: str, batch: int, tokens: int) -> float:
@@ -42,11 +47,17 @@ def _plain_step(model_name: str, batch: int, tokens: int) -> float:
     return time.perf_counter() - started
 
 
-def _learner_step(model_name: str, batch: int, tokens: int, checkpointing: bool) -> float:
+def _learner_step(
+    model_name: str, batch: int, tokens: int, checkpointing: bool, mmap_threshold_kb: int
+) -> float:
     from trainers.config import TrainerConfig
     from trainers.learner import Learner, TrainSample
 
-    config = TrainerConfig(gradient_checkpointing=checkpointing, micro_batch_tokens=batch * tokens)
+    config = TrainerConfig(
+        gradient_checkpointing=checkpointing,
+        micro_batch_tokens=batch * tokens,
+        mmap_threshold_kb=mmap_threshold_kb,
+    )
     with tempfile.TemporaryDirectory() as run_dir:
         learner = Learner(model_name, config, Path(run_dir))
         generator = torch.Generator().manual_seed(0)
@@ -84,7 +95,13 @@ def _child(case: str, model: str, batch: int, tokens: int) -> None:
     if case == CASES[0]:
         seconds = _plain_step(model, batch, tokens)
     else:
-        seconds = _learner_step(model, batch, tokens, checkpointing=case == CASES[1])
+        seconds = _learner_step(
+            model,
+            batch,
+            tokens,
+            checkpointing=case != CASES[3],
+            mmap_threshold_kb=0 if case == CASES[2] else 128,
+        )
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     sys.stdout.write(json.dumps({"seconds": seconds, "peak_gib": peak_gib}) + "\n")
 

@@ -34,7 +34,8 @@ def tiny_engine():
 @pytest.fixture(scope="module")
 def served(tiny_engine, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("proxy") / "store.sqlite")
-    with running(tiny_engine, store) as (url, _):
+    # start_on_loop: as `agents.serve` runs the embedded engine.
+    with running(tiny_engine, store, ProxyConfig(start_on_loop=True)) as (url, _):
         yield url, store
     store.close()
 

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from agents.engines.embedded import EmbeddedEngine
+from agents.proxy import ProxyConfig
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnType
 from tests.agents.engines.conftest import save_random_adapter
@@ -94,7 +95,8 @@ def test_publishing_adapters_under_load_fails_no_request(tmp_path, adapters):
             except Exception as error:  # any failure at all is what this test counts
                 failures.append(repr(error))
 
-    with Store(tmp_path / "s.sqlite") as store, running(engine, store) as (url, _):
+    config = ProxyConfig(start_on_loop=True)  # as `agents.serve` runs the embedded engine
+    with Store(tmp_path / "s.sqlite") as store, running(engine, store, config) as (url, _):
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
         workers = [threading.Thread(target=load, args=(client, w)) for w in range(8)]
         for worker in workers:

@@ -1,5 +1,7 @@
+import gymnasium as gym
 import pytest
 
+import envs  # noqa: F401  (registers the clawgym/ environments)
 from agents.engines.base import Completion, SamplingParams
 from agents.trajectory import Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
@@ -9,6 +11,8 @@ from trainers.judge import (
     EnvJudge,
     LLMJudge,
     build_judge,
+    feedback_hint,
+    feedback_vote,
     fill,
     longest,
     majority,
@@ -223,3 +227,61 @@ def test_guided_votes_are_always_valid_and_follow_the_judge_models_probabilities
         return sum(tiny_engine.score(prompt_ids, [*answer, end_of_turn]))
 
     assert votes == (max((1, -1, 0), key=likelihood),) * 5
+
+
+@pytest.mark.parametrize(
+    ("text", "vote"),
+    [
+        ("Thanks, that's what I needed.", 1),
+        ("Perfect! Now, how do I boil an egg?", 1),
+        ("Thanks, but that is too long.", -1),
+        ("Wrong language. Answer in French only.", -1),
+        ("Could you please use a table?", -1),
+        ("You forgot the summary at the top.", -1),
+        ("How do I boil an egg?", 0),
+    ],
+)
+def test_feedback_vote_reads_complaints_before_thanks(text, vote):
+    assert feedback_vote(text) == vote
+
+
+def test_feedback_hint_keeps_the_instructions_and_drops_bare_retries():
+    text = "Still not right. Too long. Keep it under 20 words. Try again."
+    assert feedback_hint(text) == "Too long. Keep it under 20 words."
+
+
+def test_feedback_judge_agrees_with_the_simulated_users_verdicts():
+    """On real Chat-v0 conversations (every persona, replies that meet or miss the
+    preference), the judge's vote has the sign of the user's own verdict."""
+    agreed = total = 0
+    for persona in ("brief", "bullets", "signoff", "formal", "spanish", "tldr"):
+        env = gym.make("clawgym/Chat-v0", persona=persona, questions_per_episode=3)
+        for seed in range(4):
+            env.reset(seed=seed)
+            for step in range(6):
+                reply = "Yes." if (seed + step) % 2 else "Sure! " + "Here is a long answer. " * 9
+                observation, _, terminated, _, info = env.step(
+                    {"role": "assistant", "content": reply}
+                )
+                want = 1 if info["user_verdict"] == "satisfied" else -1
+                if observation:
+                    total += 1
+                    agreed += feedback_vote(observation[-1]["content"]) == want
+                if terminated:
+                    break
+        env.close()
+    assert total > 100
+    assert agreed == total
+
+
+def test_feedback_judge_scores_hints_and_teacher_log_probs(tiny_engine):
+    turn = judged_turn(tiny_engine)
+    judge = build_judge(JudgeConfig(kind="feedback"), tiny_engine)
+    judgement = judge.judge(turn, Session("s", "e"), want_hint=True)
+    assert judgement.votes == (-1,) and judgement.score == -1.0
+    assert judgement.hint == "Too long. Just the number, please."
+    hinted = tiny_engine.encode(with_hint(turn.prompt_messages, judgement.hint))
+    expected = tiny_engine.score(hinted, turn.completion_token_ids, adapter=None)
+    assert judgement.teacher_logprobs == pytest.approx(expected, abs=1e-6)
+    tool_result = turn.replace(next_state=({"role": "tool", "content": "ok"},))
+    assert judge.judge(tool_result, Session("s", "e"), want_hint=True).score == 0.0

@@ -113,3 +113,13 @@ def test_published_adapter_serves_the_learners_log_probs(tmp_path):
         (trained,) = learner._logprobs([sample()])
     assert served == pytest.approx(trained.tolist(), abs=1e-4)
     assert engine.score(PROMPT, COMPLETION, adapter=None) != pytest.approx(served, abs=1e-3)
+
+
+def test_the_mmap_threshold_is_fixed_on_glibc():
+    import platform
+
+    from trainers.learner import set_mmap_threshold
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert set_mmap_threshold(128 * 1024)

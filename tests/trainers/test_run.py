@@ -1,11 +1,13 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agents.store import Store
@@ -95,6 +97,8 @@ def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp
             "LLM judge",
         ),
         (lambda c: setattr(c.trainer, "clip_low", 1.5), "clip_low"),
+        (lambda c: setattr(c.env, "users", "robots"), "env.users"),
+        (lambda c: setattr(c.serve, "host", "0.0.0.0"), "serve.api_key"),
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):
@@ -102,3 +106,70 @@ def test_bad_config_values_say_the_fix(change, fragment):
     change(config)
     with pytest.raises(ValueError, match=fragment):
         validate(config)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_live_users_train_the_policy_they_talk_to(tmp_path):
+    """`env.users=live`: the trainer serves the proxy; two people chat through the openai
+    client; their feedback is judged and trained on, and the new adapter is what serves."""
+    from openai import OpenAI
+
+    run_dir, port = tmp_path / "live", _free_port()
+    trainer = train(
+        run_dir,
+        "env.users=live",
+        "judge=feedback",
+        "method=binary",
+        "trainer.max_steps=2",
+        f"serve.port={port}",
+        wait=False,
+    )
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    deadline = time.monotonic() + 300
+    while True:
+        assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the trainer's proxy never answered"
+        try:
+            client.models.list()
+            break
+        except Exception:
+            time.sleep(0.5)
+
+    def say(session, history, text, done=False):
+        history.append({"role": "user", "content": text})
+        headers = {"X-Session-Id": session} | ({"X-Session-Done": "1"} if done else {})
+        reply = client.chat.completions.create(
+            model="policy", messages=history, max_tokens=8, extra_headers=headers
+        )
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        return reply
+
+    def chat(round_):
+        for person, feedback in (("ana", "Too long. Keep it under five words."), ("bo", "Thanks!")):
+            history: list[dict] = []
+            say(f"{person}{round_}", history, "What is the capital of France?")
+            say(f"{person}{round_}", history, feedback, done=True)
+
+    def served_version():
+        return httpx.get(f"http://127.0.0.1:{port}/healthz").json()["policy_version"]
+
+    chat(1)
+    while served_version() < 1:  # the first step trains on round 1 and publishes v1
+        assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+        assert time.monotonic() < deadline + 300, "no adapter was published"
+        time.sleep(0.2)
+    chat(2)
+    assert trainer.wait(timeout=600) == 0, trainer.stderr.read()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["steps"], summary["adapter_version"]) == (2, 2)
+    with Store(run_dir / "store.sqlite") as store:
+        turns = [t for _, t in store.turns()]
+    scores = {t.session_id: t.judgement.score for t in turns if t.status == TurnStatus.TRAINED}
+    assert scores == {"ana1": -1.0, "bo1": 1.0, "ana2": -1.0, "bo2": 1.0}
+    assert {t.policy_version for t in turns if t.session_id.endswith("1")} == {0}
+    assert {t.policy_version for t in turns if t.session_id.endswith("2")} == {1}

@@ -3,7 +3,8 @@ import pytest
 from agents.trajectory import Judgement, Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
 from trainers.config import MethodConfig
-from trainers.samples import select, turn_reward
+from trainers.learner import TrainSample
+from trainers.samples import first_batch, select, turn_reward
 
 ROLLOUT = (-1.0, -2.0)
 
@@ -130,3 +131,11 @@ def test_stale_turns_are_dropped_and_counted():
     )
     assert [s.seq for s in result.samples] == [2]
     assert (result.dropped, result.stale) == ((1,), 1)
+
+
+def test_a_step_takes_the_oldest_whole_baseline_groups():
+    samples = [TrainSample(seq, (1,), (2,), (-1.0,), (0.5,), 0) for seq in range(7)]
+    keys = {0: "a", 1: "a", 2: "b", 3: "a", 4: "b", 5: "c", 6: "c"}
+    assert [s.seq for s in first_batch(samples, keys, 4)] == [0, 1, 3, 2, 4]
+    assert [s.seq for s in first_batch(samples, keys, 3)] == [0, 1, 3]
+    assert [s.seq for s in first_batch(samples, keys, 99)] == [0, 1, 3, 2, 4, 5, 6]

@@ -88,7 +88,8 @@ def test_adapter_versions_swap_and_base_stays_reachable(tmp_path):
 
     engine.load_adapter(str(save_random_adapter(tmp_path / "v2", seed=2)), version=2)
     assert engine.generate(MESSAGES, sampling=greedy).policy_version == 2
-    assert engine._peft.active_adapter == "v2" and "v1" not in engine._peft.peft_config
+    # Versions after the first reuse preallocated slots: peft's adapters do not pile up.
+    assert len(engine._peft.peft_config) == 3
     with pytest.raises(ValueError, match="unknown adapter"):
         engine.generate(MESSAGES, adapter="nope")
 
