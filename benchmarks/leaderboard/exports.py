@@ -5,9 +5,8 @@ A task set names its exporter (`TaskSet.exporter`); `benchmarks.run` calls it af
 policy's episodes with `(directory, result, episodes, trajectories)`.
 
 - `swe_predictions`: SWE-bench's predictions file (`instance_id`, `model_name_or_path`,
-  `model_patch`, one JSON object a line), ready for `swebench.harness.run_evaluation`.
-  Thin until `clawgym/SWE-v0` lands: it takes the patch from the episode's final
-  `info["model_patch"]` (or `info["patch"]`), the key the SWE env is expected to report.
+  `model_patch`, one JSON object a line), ready for `swebench.harness.run_evaluation`,
+  from the `info["model_patch"]` that `clawgym/SWE-v0` reports at the episode's end.
 - `bfcl_results`: BFCL's result lines (`id`, `result`: the first reply's calls decoded as
   BFCL's decoder for function-calling models does), for `bfcl evaluate`. The ToolCall env
   already grades single-turn items with bfcl-eval's own AST checker, so its success rate

@@ -209,11 +209,15 @@ TASK_SETS: dict[str, TaskSet] = {
             {"tasks": "tau2", "split": "test"},
             oracle="envs.toolcall.env:ToolCallReferenceAgent",
         ),
-        # clawgym/SWE-v0 (envs/swe) is not in the tree yet. When it lands:
-        # TaskSet("swe/test", "clawgym/SWE-v0", {"split": "test"},
-        #         oracle="envs.swe.env:SWEReferenceAgent",
-        #         exporter="benchmarks.leaderboard.exports:swe_predictions"),
-        # plus FAMILIES["swe"] and, if it is quick enough, a SMOKE entry.
+        # SWE-v0 on bubblewrap for the same reason as Terminal; its exporter writes
+        # SWE-bench's predictions file for swebench's own harness.
+        TaskSet(
+            "swe/test",
+            "clawgym/SWE-v0",
+            {"split": "test", "sandbox": "bwrap"},
+            oracle="envs.swe.env:SWEReferenceAgent",
+            exporter="benchmarks.leaderboard.exports:swe_predictions",
+        ),
     )
 }
 
@@ -223,6 +227,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "terminal": ("terminal/tbench-test", "terminal/icalfa-test"),
     "gui": ("gui/test-scripted", "gui/test-other"),
     "toolcall": ("toolcall/bfcl-test", "toolcall/bfcl-multi-test", "toolcall/tau2-test"),
+    "swe": ("swe/test",),
 }
 """Suites per environment family: `suite=<family>`."""
 
@@ -233,6 +238,7 @@ SMOKE: dict[str, tuple[str, int, Mapping[str, Any]]] = {
     "smoke/terminal": ("terminal/tbench-test", 2, {"max_turns": 3}),
     "smoke/gui": ("gui/test-scripted", 2, {"max_turns": 3}),
     "smoke/toolcall": ("toolcall/bfcl-test", 3, {}),
+    "smoke/swe": ("swe/test", 1, {"max_turns": 3}),
 }
 """The smoke suite: (task set, tasks, extra kwargs) under a name of its own, because its
 task ids are not the full set's and its numbers must never be mixed with the full set's."""

@@ -200,6 +200,9 @@ def test_oracle_tops_and_do_nothing_trails_every_smoke_task_set(tmp_path):
     (bfcl,) = (tmp_path / "out" / "exports").glob("*/smoke_toolcall__oracle.bfcl_result.jsonl")
     lines = [json.loads(line) for line in bfcl.read_text().splitlines()]
     assert len(lines) == 3 and all(set(line) == {"id", "result"} for line in lines)
+    (swe,) = (tmp_path / "out" / "exports").glob("*/smoke_swe__oracle.predictions.jsonl")
+    (prediction,) = [json.loads(line) for line in swe.read_text().splitlines()]
+    assert prediction["model_patch"].startswith("diff --git")
     text = run.markdown.read_text()
     assert "## suite `smoke`" in text and "| 1 | oracle |" in text
     assert "<svg" in run.html.read_text()
