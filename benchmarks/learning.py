@@ -39,8 +39,8 @@ def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens:
     env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
     task_ids = list(env.unwrapped.task_ids())[:tasks]  # type: ignore[attr-defined]
     scores = []
-    for task_id in task_ids:
-        observation, info = env.reset(options={"task_id": task_id})
+    for seed, task_id in enumerate(task_ids):  # the same seeds, so the same words, each time
+        observation, info = env.reset(seed=seed, options={"task_id": task_id})
         reply = engine.generate(
             observation, None, SamplingParams(temperature=0.0, max_tokens=max_tokens), POLICY
         )

@@ -281,14 +281,12 @@ class GUIEnv(AgentEnv):
             await self._guard(page.load(self.task.page))
         mode = "train" if self.split == "train" else "test"
         await self._guard(page.park_mouse())
-        problem = await self._guard(page.call("start", self.page_seed, mode, self.episode_ms))
-        if problem:
-            raise BrowserCrashed(f"{self.task.name}: {problem}")
-        # Starting lays the new problem out, which makes the page fetch what it shows
-        # (images, say); once those have arrived the page is seen whole, so an episode's
-        # first observation depends on its task and seed only, not on timing.
-        await page.quiet()
-        return view_from_js(await self._guard(page.observe(settle=2)))
+        started = await self._guard(
+            page.begin(self.page_seed, mode, self.episode_ms, quiet=self.screenshot)
+        )
+        if started["problem"]:
+            raise BrowserCrashed(f"{self.task.name}: {started['problem']}")
+        return view_from_js(started["view"])
 
     async def _after(self, summary: str) -> ToolResult:
         page = self._live_page()

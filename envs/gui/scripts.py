@@ -98,15 +98,19 @@ INIT_SCRIPT = r"""
     for (const child of el.children) walk(child, isShown ? depth + 1 : depth, out);
   }
 
+  function newIds() {
+    cg.episode += 1;
+    cg.next = 1;
+    cg.byId = new Map();
+  }
+
   cg.start = async (seed, mode, maxMs) => {
     if (typeof core === 'undefined' || !core.cover_div) return 'the task page did not load';
     core.endEpisode(0);  // MiniWoB's force stop: ends a running episode, else does nothing
     Math.seedrandom(seed);
     core.setDataMode(mode);
     core.EPISODE_MAX_TIME = maxMs;
-    cg.episode += 1;
-    cg.next = 1;
-    cg.byId = new Map();
+    newIds();
     core.startEpisodeReal();
     // A stray click on the sync screen after the episode ends must not start an
     // unseeded episode.
@@ -142,18 +146,37 @@ INIT_SCRIPT = r"""
         img.addEventListener('load', r, { once: true });
         img.addEventListener('error', r, { once: true });
       }));
+    // (no stray timer in the page when nothing is loading)
+    if (waiting.length === 0) return Promise.resolve();
     return Promise.race([Promise.all(waiting), new Promise((r) => setTimeout(r, ms))]);
   }
 
-  cg.observe = async (settle) => {
+  // freshIds: forget the ids handed out so far this episode (none of which an agent has
+  // seen), so numbering starts again from 1.
+  cg.observe = async (settle, freshIds) => {
     if (settle >= 2) {
       await new Promise((r) => requestAnimationFrame(() => r()));
       await imagesLoaded(1000);
     }
     if (settle >= 1) await new Promise((r) => setTimeout(r, 0));
+    if (freshIds) newIds();
+    return snapshot();
+  };
+
+  function snapshot() {
     const nodes = [];
     walk(document.body, 0, nodes);
     return { state: cg.state(), utterance: cg.utterance(), nodes: nodes };
+  }
+
+  // start() and the first observation in one call: start() ends on a rendered frame, so
+  // what remains is the images that frame asked for.
+  cg.begin = async (seed, mode, maxMs) => {
+    const problem = await cg.start(seed, mode, maxMs);
+    if (problem) return { problem: problem };
+    await imagesLoaded(1000);
+    await new Promise((r) => setTimeout(r, 0));
+    return { problem: null, view: snapshot() };
   };
 
   cg.element = (id) => {

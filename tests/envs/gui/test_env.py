@@ -5,6 +5,7 @@ import base64
 import struct
 
 import pytest
+from playwright.async_api import Error as PlaywrightError
 
 from envs.core import ERROR_PREFIX, IdleAgent, run_episode
 from envs.gui.env import GUIEnv
@@ -197,3 +198,25 @@ def test_the_pages_own_time_limit_ends_the_episode_when_asked_for():
         assert info["reason"] == "timed out" and "reward -1" in observation[0]["content"]
     finally:
         env.close()
+
+
+def test_a_restarted_page_that_fetches_nothing_starts_in_one_call_others_wait_for_files():
+    # The grace period for files fetched while a problem is laid out is paid on a page
+    # just loaded and on pages whose episodes fetch files (email-inbox's icons are CSS
+    # `content` images that give elements their size), not on every reset.
+    env = GUIEnv(tasks=["click-test", "email-inbox"])
+    try:
+        for task, fetches in (("click-test", False), ("email-inbox", True)):
+            # A page just loaded waits, and learns whether its episodes fetch files.
+            first = env.reset(seed=3, options={"task_id": f"miniwob/{task}"})[0]
+            assert env._page.fetches is fetches
+            again = env.reset(seed=3, options={"task_id": f"miniwob/{task}"})[0]
+            assert env._page.fetches is fetches and again == first
+    finally:
+        env.close()
+
+
+def test_a_script_error_in_the_page_is_a_playwright_error(gui_env):
+    gui_env.reset(seed=0, options={"task_id": "miniwob/click-test"})
+    with pytest.raises(PlaywrightError, match="no_such_function"):
+        gui_env._run(gui_env._page.call("no_such_function"))

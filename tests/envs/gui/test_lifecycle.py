@@ -2,14 +2,17 @@
 crash, and nothing left running after the last close. No other env may be open while these
 run, so they live apart from the module-scoped env of test_env.py."""
 
+import asyncio
 import multiprocessing
 import os
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from envs.core import run_episode
-from envs.gui.browser import acquire_host, release_host
+from envs.gui.browser import BrowserCrashed, acquire_host, release_host
 from envs.gui.env import GUIEnv
 from envs.gui.solvers import ScriptedGUIAgent
 from tests.envs.gui.conftest import call, chromium_browser_pids, kill
@@ -63,6 +66,50 @@ def test_a_browser_crash_truncates_the_episode_and_the_next_reset_recovers():
         env.close()
         env.close()
     assert chromium_browser_pids() == []
+
+
+def test_a_renderer_crash_fails_a_pending_page_call_at_once():
+    # A DevTools session never answers a request its crashed renderer was running; the
+    # call must fail with the crash, not wait out the env's time limit.
+    env = GUIEnv(tasks=["click-test"], timeout=20.0)
+    try:
+        env.reset(seed=0)
+        page = env._page
+
+        async def crash_during_call() -> None:
+            await page.page.evaluate(
+                "() => { window.__clawgym.hang = () => new Promise(() => {}); }"
+            )
+            hanging = asyncio.ensure_future(env._guard(page.call("hang")))
+            await asyncio.sleep(0.2)
+            crasher = await page._context.new_cdp_session(page.page)
+            asyncio.ensure_future(crasher.send("Page.crash"))
+            await hanging
+
+        started = time.monotonic()
+        with pytest.raises(BrowserCrashed):
+            env._run(crash_during_call())
+        assert time.monotonic() - started < 10
+        assert env.step(call("wait", seconds=0))[-1]["browser_crashed"] is True
+        assert env.reset(seed=1)[0][1]["content"].startswith("Task: ")
+    finally:
+        env.close()
+
+
+def test_our_disabled_features_keep_every_one_playwright_disables():
+    # Chromium keeps the last --disable-features switch only: ours, after Playwright's.
+    env = GUIEnv(tasks=["click-test"])
+    try:
+        env.reset(seed=0)
+        (browser,) = chromium_browser_pids()
+        arguments = Path(f"/proc/{browser}/cmdline").read_bytes().decode().split("\0")
+        lists = [
+            a.split("=", 1)[1].split(",") for a in arguments if a.startswith("--disable-features=")
+        ]
+        assert len(lists) >= 2 and "DeferRendererTasksAfterInput" in lists[-1]
+        assert set(lists[0]) <= set(lists[-1])
+    finally:
+        env.close()
 
 
 def test_close_before_any_reset_and_reset_after_close_work():
