@@ -61,7 +61,25 @@ class EpisodeRecorder(gym.Wrapper[Any, Any, Any, Any]):
 
 
 class _Unsupported:
-    """The engine methods a policy view does not serve."""
+    """The engine methods a policy view does not serve; it streams its whole reply at once."""
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Completion:
+        raise NotImplementedError
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Iterator[TokenChunk | Completion]:
+        yield self.generate(messages, tools, sampling, adapter)
 
     def encode(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None) -> Any:
         raise NotImplementedError("benchmark engines only generate")
@@ -108,15 +126,6 @@ class ScriptedEngine(_Unsupported):
         reason = "tool_calls" if message.get("tool_calls") else "stop"
         return Completion(dict(message), (), (), (), reason, 0)
 
-    def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Iterator[TokenChunk | Completion]:
-        yield self.generate(messages, tools, sampling, adapter)
-
 
 class EpisodeView(_Unsupported):
     """One episode's handle on a shared engine (see the module docstring)."""
@@ -143,15 +152,6 @@ class EpisodeView(_Unsupported):
             usage.get("completion_tokens", len(completion.completion_token_ids))
         )
         return completion
-
-    def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Iterator[TokenChunk | Completion]:
-        yield self.generate(messages, tools, sampling, adapter)
 
 
 class Engines:
