@@ -62,6 +62,9 @@ class ServeConfig:
     """The upstream server of the `remote` engine."""
     remote_token_ids: bool = False
     """Ask the `remote` upstream for vLLM's token ids (token-exact turns)."""
+    adapter_shape: str | None = None
+    """An adapter directory: make slots for adapters of its shape (rank, target modules) at
+    start, so the first published version is copied in as fast as later ones."""
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -189,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     engine = build_engine(config)
+    if config.adapter_shape:
+        engine.prepare_adapter(config.adapter_shape)
     proxy = build_proxy(config, engine)
     logger.info(
         "serving %s (%s) on http://%s:%d/v1", config.model, config.engine, config.host, config.port

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +37,35 @@ logger = logging.getLogger(__name__)
 
 
 def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens: int) -> float:
-    """Mean first-reply preference score on held-out chat tasks, greedy."""
-    env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
-    task_ids = list(env.unwrapped.task_ids())[:tasks]  # type: ignore[attr-defined]
-    scores = []
-    for seed, task_id in enumerate(task_ids):  # the same seeds, so the same words, each time
-        observation, info = env.reset(seed=seed, options={"task_id": task_id})
-        reply = engine.generate(
-            observation, None, SamplingParams(temperature=0.0, max_tokens=max_tokens), POLICY
+    """Mean first-reply preference score on held-out chat tasks, greedy, decoded as one batch.
+
+    `max_tokens` should let an unconstrained reply run past the point where the check stops
+    rewarding it: a reply cut short by the budget would look briefer than the policy is.
+    """
+    chats = []
+    observations = []
+    for seed in range(tasks):  # the same seeds, so the same words, each time
+        env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
+        task_id = list(env.unwrapped.task_ids())[seed]  # type: ignore[attr-defined]
+        observation, _ = env.reset(seed=seed, options={"task_id": task_id})
+        chats.append(env)
+        observations.append(observation)
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    with ThreadPoolExecutor(len(observations)) as pool:
+        replies = list(
+            pool.map(lambda obs: engine.generate(obs, None, greedy, POLICY), observations)
         )
+    scores = []
+    for env, reply in zip(chats, replies, strict=True):
         _, _, _, _, info = env.step(dict(reply.message))
         scores.append(float(info["first_reply_score"]))
-    env.close()
+        env.close()
     return sum(scores) / len(scores)
 
 
-def run_config(args: argparse.Namespace, method: str, steps: int, overlap: bool) -> RunConfig:
+def run_config(
+    args: argparse.Namespace, method: str, steps: int, overlap: bool, threads: int | None = None
+) -> RunConfig:
     config = RunConfig()
     config.model.name = args.model
     config.method.name = method
@@ -58,9 +73,11 @@ def run_config(args: argparse.Namespace, method: str, steps: int, overlap: bool)
     config.env.kwargs = {"split": "train", "persona": args.persona, "questions_per_episode": 2}
     config.env.outcome_is_reward = False
     config.env.group_size = args.group_size
-    config.engine.threads = args.threads
+    config.engine.threads = threads or args.threads
     config.trainer.max_steps = steps
     config.trainer.batch_turns = args.batch_turns
+    # one batch of look-ahead: the rollout plays the next batch while the learner trains
+    config.trainer.max_backlog = 2 * args.batch_turns
     config.trainer.overlap = overlap
     config.trainer.lr = args.lr
     config.sampling.max_tokens = args.max_tokens
@@ -69,16 +86,15 @@ def run_config(args: argparse.Namespace, method: str, steps: int, overlap: bool)
     return config
 
 
-def learn(args: argparse.Namespace, method: str) -> dict[str, Any]:
-    """Trains one method and scores the policy before and after."""
+def learn(args: argparse.Namespace, method: str, before: float) -> dict[str, Any]:
+    """Trains one method and scores the trained policy (`before` is the base model's)."""
     run_dir = args.out / method
     summary = train(run_config(args, method, args.steps, overlap=True), run_dir)
     engine = EmbeddedEngine(args.model, threads=args.threads)
-    before = held_out_score(engine, args.persona, args.eval_tasks, args.max_tokens)
     engine.load_adapter(
         str(run_dir / "adapters" / f"v{summary.adapter_version}"), summary.adapter_version
     )
-    after = held_out_score(engine, args.persona, args.eval_tasks, args.max_tokens)
+    after = held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
     engine.close()
     rewards = [row.get("judge_score") for row in read_metrics(run_dir)]
     return {
@@ -91,16 +107,30 @@ def learn(args: argparse.Namespace, method: str) -> dict[str, Any]:
     }
 
 
-def speedup(args: argparse.Namespace) -> tuple[float, float]:
-    """Wall seconds for `speedup_steps` binary steps, overlapped and alternating."""
+def base_score(args: argparse.Namespace) -> float:
+    engine = EmbeddedEngine(args.model, threads=args.threads)
+    try:
+        return held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
+    finally:
+        engine.close()
+
+
+def speedup(args: argparse.Namespace) -> list[tuple[str, int, float]]:
+    """Wall seconds for `speedup_steps` binary steps: overlapped, then strictly alternating
+    at the same torch threads, and alternating with every core (each phase then has the
+    whole machine, the strongest sequential baseline)."""
+    cases = [(True, args.threads), (False, args.threads)]
+    cores = os.cpu_count() or 1
+    if cores != args.threads:
+        cases.append((False, cores))
     walls = []
-    for overlap in (True, False):
+    for overlap, threads in cases:
+        loops = "overlapped" if overlap else "alternating"
+        config = run_config(args, "binary", args.speedup_steps, overlap, threads)
         started = time.monotonic()
-        train(
-            run_config(args, "binary", args.speedup_steps, overlap), args.out / f"speedup-{overlap}"
-        )
-        walls.append(time.monotonic() - started)
-    return walls[0], walls[1]
+        train(config, args.out / f"speedup-{loops}-{threads}")
+        walls.append((loops, threads, time.monotonic() - started))
+    return walls
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -155,6 +185,12 @@ def main() -> None:
         "--group-size", type=int, default=4, help="rollouts per task, decoded as one batch"
     )
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--eval-max-tokens",
+        type=int,
+        default=128,
+        help="reply budget when scoring; past 75 words a brief reply already scores 0",
+    )
     parser.add_argument("--eval-tasks", type=int, default=20)
     parser.add_argument("--speedup-steps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
@@ -162,8 +198,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
+    before = base_score(args) if args.methods else 0.0
     for method in args.methods:  # each result is kept as soon as it exists
-        results.append(learn(args, method))
+        results.append(learn(args, method, before))
         (args.out / "learning.json").write_text(json.dumps(results, indent=2))
     table = Table(
         title=f"learning on Chat-v0 ({args.persona}), {args.model}, judge={args.judge}, "
@@ -182,11 +219,14 @@ def main() -> None:
     console = Console()
     console.print(table)
     if args.speedup_steps:
-        overlapped, alternating = speedup(args)
-        console.print(
-            f"async speed-up, {args.speedup_steps} steps: overlapped {overlapped:.0f} s, "
-            f"alternating {alternating:.0f} s, ratio {alternating / overlapped:.2f}x"
-        )
+        walls = speedup(args)
+        table = Table(title=f"async speed-up: {args.speedup_steps} binary steps, same turns")
+        for column in ("loops", "torch threads", "wall s", "overlapped speed-up"):
+            table.add_column(column, justify="left" if column == "loops" else "right")
+        overlapped = walls[0][2]
+        for loops, threads, wall in walls:
+            table.add_row(loops, str(threads), f"{wall:.0f}", f"{wall / overlapped:.2f}x")
+        console.print(table)
     if results:
         plot(results, args.out / "learning.png")
     (args.out / "learning.json").write_text(json.dumps(results, indent=2))

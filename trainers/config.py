@@ -156,15 +156,18 @@ class TrainerConfig:
     """Recompute activations in backward: less memory, ~30% more time."""
     logprob_chunk: int = 128
     """Positions per chunk when computing target log-probs (never the full logits)."""
-    mmap_threshold_kb: int = 0
+    mmap_threshold_kb: int = 1024
     """glibc malloc: allocations from this size on are mapped and returned to the system
-    when freed. 0 keeps glibc's adaptive threshold, whose heap holds on to a step's freed
-    activations (4x the peak memory of a step measured here) but reuses memory fast; 128
-    caps a learner's memory, at the price of a page-faulting mmap for every large tensor,
-    which slows an embedded engine decoding in the same process: set it when the engine
-    runs elsewhere (vLLM)."""
-    max_backlog: int = 64
-    """Judged turns waiting for training before rollouts pause (the bounded queue)."""
+    when freed. 0 keeps glibc's adaptive threshold, which rises to 32 MiB and lets a
+    fragmented heap hold on to a step's freed activations (a LoRA step on SmolLM2 at
+    8 x 512 tokens: 5.7 GiB peak RSS, 1.4 GiB at 1 MiB). Lower is not better: at 128 KiB the
+    embedded engine's per-token KV-cache copies are mapped too, and decoding 4 sequences
+    in the same process ran 25% slower; at 1 MiB it ran as fast as with glibc's default
+    (measured here, benchmarks/perf/learner.py)."""
+    max_backlog: int = 32
+    """Turns waiting for training (collected or judged, the batch being trained included)
+    before rollouts pause: the bounded queue. 2 x batch_turns lets the rollout play one
+    batch ahead of the learner; more only makes turns staler."""
     overlap: bool = True
     """Run rollout, judging and training concurrently; false alternates them strictly."""
     wandb_project: str | None = None
@@ -232,6 +235,11 @@ def validate(config: RunConfig) -> None:
         )
     if config.trainer.batch_turns < 1 or config.trainer.max_steps < 0:
         raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
+    if config.trainer.max_backlog < config.trainer.batch_turns:
+        raise ValueError(
+            f"trainer.max_backlog ({config.trainer.max_backlog}) must be >= trainer.batch_turns "
+            f"({config.trainer.batch_turns}), or rollouts pause before a batch is complete"
+        )
     if not 0 <= config.trainer.clip_low < 1 or config.trainer.clip_high < 0:
         raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
     if config.env.users not in ("simulated", "live"):

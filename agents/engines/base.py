@@ -114,6 +114,12 @@ class Engine(Protocol):
         """Serves the LoRA adapter at `path` as version `version` of the policy."""
         ...
 
+    def prepare_adapter(self, path: str) -> None:
+        """Gets ready for adapters shaped like the one at `path` without serving it, so that
+        the first publish is as fast as every later one (a no-op for engines where each
+        load costs the same)."""
+        ...
+
     def close(self) -> None:
         """Releases the engine's resources; idempotent."""
         ...

@@ -19,7 +19,8 @@ them to its end (a count of users per slot). Publishing reads the new adapter on
 caller's thread, copies it into a slot no request uses and flips the policy to it, without
 waiting for the scheduler thread: a swap fails no request and never pauses decoding. Only
 an adapter of a new shape (the first one, or a new rank) is loaded by peft, between two
-steps, which also makes the spare slots of its shape: that one publish is slower.
+steps, which also makes the spare slots of its shape: that one publish is slower, unless
+`prepare_adapter` made the slots of its shape beforehand (the trainer does, at start).
 
 All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
 reach it through a queue per request and futures for one-off jobs.
@@ -340,6 +341,38 @@ class Scheduler:
                 self.policy = (spare.name, version)
             logger.debug("adapter %s copied into %s as version %d", path, spare.name, version)
 
+    def prepare_adapter(self, path: str) -> None:
+        """Makes the slots of the adapter's shape now, while the engine may be idle, so the
+        first version of that shape is copied in like every later one (any thread)."""
+        adapter = read_adapter(path)
+        if adapter.shape is None:
+            logger.warning("adapter %s cannot be slotted; each version loads through peft", path)
+            return
+        with self._publishing:
+            with self._cond:
+                if self._spare(adapter) is not None:
+                    return
+            self.call(lambda: self._make_slots(adapter))
+
+    def _make_slots(self, adapter: AdapterFiles) -> None:
+        """A job: peft loads the adapter into a slot that is not the policy's, then spares."""
+        name = self._peft_load(adapter)
+        self._add_spares(adapter, name)
+
+    def _peft_load(self, adapter: AdapterFiles) -> str:
+        """peft loads the adapter into a new slot; returns the slot's name."""
+        from peft import PeftModel
+
+        name = self._new_slot_name()
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(self.model, adapter.path, adapter_name=name)
+        else:
+            self.peft.load_adapter(adapter.path, adapter_name=name)
+        self.peft.eval()
+        with self._cond:
+            self._slots[name] = Slot.of(self.peft, name, adapter.shape)
+        return name
+
     def _check_version(self, version: int) -> None:
         if version <= self.policy[1]:
             raise ValueError(f"adapter versions must increase: serving {self.policy[1]}")
@@ -353,17 +386,8 @@ class Scheduler:
 
     def _load_slot(self, adapter: AdapterFiles, version: int) -> None:
         """A job: peft loads the adapter into a new slot, which becomes the policy's."""
-        from peft import PeftModel
-
-        name = self._new_slot_name()
-        if self.peft is None:
-            self.peft = PeftModel.from_pretrained(self.model, adapter.path, adapter_name=name)
-        else:
-            self.peft.load_adapter(adapter.path, adapter_name=name)
-        self.peft.eval()
-        slot = Slot.of(self.peft, name, adapter.shape)
+        name = self._peft_load(adapter)
         with self._cond:
-            self._slots[name] = slot
             self._check_version(version)
         # Spares now, in this publish: made in the background they were still being made
         # (a second or more on a loaded machine) when the next version came, which then

@@ -209,6 +209,10 @@ class EmbeddedEngine:
         self._scheduler.load_adapter(path, version)
         logger.info("serving adapter %s as policy version %d", path, version)
 
+    def prepare_adapter(self, path: str) -> None:
+        """Makes the LoRA slots of the adapter's shape now, without serving it."""
+        self._scheduler.prepare_adapter(path)
+
     def close(self) -> None:
         self._scheduler.close()
 

@@ -114,6 +114,9 @@ class RemoteEngine:
             "train with engine=vllm or engine=embedded"
         )
 
+    def prepare_adapter(self, path: str) -> None:
+        self.load_adapter(path, 0)  # the same refusal
+
     def close(self) -> None:
         self._http.close()
 

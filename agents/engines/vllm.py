@@ -210,6 +210,9 @@ class VLLMEngine:
         name, _ = self._served(adapter)
         return openai_http.score(self._http, name, prompt_ids, completion_ids)
 
+    def prepare_adapter(self, path: str) -> None:
+        """Nothing to do: vLLM allocates its LoRA buffers (`--max-lora-rank`) at start."""
+
     def load_adapter(self, path: str, version: int) -> None:
         """Loads the adapter at `path` in place of the served `policy` adapter. Raises
         `AdapterLoadError` (the server keeps serving the previous version) if vLLM refuses."""

@@ -90,6 +90,9 @@ class _Unsupported:
     def load_adapter(self, path: str, version: int) -> None:
         raise NotImplementedError("benchmark engines only generate")
 
+    def prepare_adapter(self, path: str) -> None:
+        raise NotImplementedError("benchmark engines only generate")
+
     def close(self) -> None:
         pass
 

@@ -24,7 +24,7 @@ from rich.table import Table
 
 CASES = (
     "plain peft (baseline)",
-    "learner, mmap threshold 128 KiB",
+    "learner (default: mmap threshold 1 MiB)",
     "learner, glibc's adaptive malloc",
     "learner, no checkpointing",
 )
@@ -100,7 +100,7 @@ def _child(case: str, model: str, batch: int, tokens: int) -> None:
             batch,
             tokens,
             checkpointing=case != CASES[3],
-            mmap_threshold_kb=0 if case == CASES[2] else 128,
+            mmap_threshold_kb=0 if case == CASES[2] else 1024,
         )
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     sys.stdout.write(json.dumps({"seconds": seconds, "peak_gib": peak_gib}) + "\n")

@@ -75,6 +75,9 @@ class ScriptedEngine:
     def load_adapter(self, path, version):
         self.engine.load_adapter(path, version)
 
+    def prepare_adapter(self, path):
+        self.engine.prepare_adapter(path)
+
     def close(self):
         pass
 

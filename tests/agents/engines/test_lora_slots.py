@@ -51,6 +51,28 @@ def test_later_versions_are_copied_into_slots_not_loaded_by_peft(adapters, monke
     engine.close()
 
 
+def test_prepared_slots_serve_the_base_until_the_first_version_which_is_a_copy(
+    adapters, monkeypatch
+):
+    engine = EmbeddedEngine("tiny", threads=1)
+    plain = EmbeddedEngine("tiny", threads=1)
+    engine.prepare_adapter(adapters[0])
+    assert engine.policy_version == 0
+    for ours, theirs in zip(served(engine), served(plain), strict=True):
+        assert ours.completion_token_ids == theirs.completion_token_ids
+    peft = engine._peft
+    monkeypatch.setattr(peft, "load_adapter", lambda *a, **k: pytest.fail("peft loaded it"))
+    monkeypatch.setattr(peft, "add_adapter", lambda *a, **k: pytest.fail("peft added one"))
+    engine.load_adapter(adapters[1], 1)
+    plain.load_adapter(adapters[1], 1)
+    for ours, theirs in zip(served(engine), served(plain), strict=True):
+        assert ours.policy_version == 1
+        assert ours.completion_token_ids == theirs.completion_token_ids
+        assert ours.completion_logprobs == pytest.approx(theirs.completion_logprobs, abs=1e-5)
+    engine.close()
+    plain.close()
+
+
 def test_a_slot_serves_exactly_what_a_freshly_loaded_adapter_serves(adapters):
     recycled = EmbeddedEngine("tiny", threads=1)
     for version, path in enumerate(adapters[:4], start=1):  # slot of version 1 is reused
