@@ -3,12 +3,14 @@ on the personal-agent environment, and the speed-up of overlapping the loops.
 
     python -m benchmarks.learning [--model smollm2-135m] [--steps 16] [--persona brief]
         [--methods binary opd combine] [--judge feedback] [--lr 5e-4] [--eval-tasks 20]
-        [--speedup-steps 2] [--out DIR]
+        [--eval-max-tokens 128] [--speedup-steps 4] [--out DIR]
 
 Preference score: the persona's programmatic check (evaluation only, never a reward) of the
-policy's first reply on held-out tasks, greedy, as OpenClaw-RL's "personalisation score".
+policy's first reply on held-out tasks, greedy, as OpenClaw-RL's "personalisation score",
+with a reply budget long enough that the budget never makes a reply look brief.
 Speed-up: wall time for the same number of steps with rollout, judging and training
-overlapped, against strictly alternating them. Prints a table and writes learning.png.
+overlapped (the rollout one batch ahead), against strictly alternating them at the same
+torch threads and at every core. Prints two tables and writes learning.png.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def main() -> None:
     parser.add_argument(
         "--group-size", type=int, default=4, help="rollouts per task, decoded as one batch"
     )
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=48, help="training reply budget")
     parser.add_argument(
         "--eval-max-tokens",
         type=int,
@@ -192,7 +194,7 @@ def main() -> None:
         help="reply budget when scoring; past 75 words a brief reply already scores 0",
     )
     parser.add_argument("--eval-tasks", type=int, default=20)
-    parser.add_argument("--speedup-steps", type=int, default=2)
+    parser.add_argument("--speedup-steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -233,7 +233,7 @@ def throughput_rows(args: argparse.Namespace) -> list[tuple[str, int, float | st
     torch.set_num_threads(args.threads)
     run = transformers_one(model, tokenizer, args.tokens)
     for concurrency in (1, 16):
-        count = 3 if concurrency == 1 else 16
+        count = 6 if concurrency == 1 else 16
         rows.append(
             (
                 "transformers generate, one at a time",
@@ -244,7 +244,7 @@ def throughput_rows(args: argparse.Namespace) -> list[tuple[str, int, float | st
     del model
     engine = EmbeddedEngine("smollm2-135m", threads=args.threads)
     for concurrency in (1, 16):
-        count = 3 if concurrency == 1 else 16
+        count = 6 if concurrency == 1 else 16
         rows.append(
             (
                 "embedded engine",
@@ -275,7 +275,7 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
         with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.sqlite") as store:
             with in_thread(engine, store) as (url, _):
                 for concurrency in (1, 16):
-                    count = 3 if concurrency == 1 else 16
+                    count = 6 if concurrency == 1 else 16
                     direct = aggregate(engine_one(engine, args.tokens), concurrency, count)
                     proxied = aggregate(
                         proxy_one(url.removesuffix("/v1"), args.tokens), concurrency, count

@@ -103,3 +103,24 @@ def test_stream_yields_every_token_then_the_same_completion(tiny_engine):
     assert "".join(c.text for c in chunks) == tiny_engine.tokenizer.decode(
         final.completion_token_ids
     )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "  leading spaces\nand newlines\n\n- a bullet",
+        "Émigré naïve café 日本語のテキスト 🙂👍🏽 done",
+        "def f(x):\n    return x**2  # why",
+    ],
+)
+def test_text_deltas_add_up_to_the_decoded_text(tiny_engine, text):
+    from agents.engines.embedded import _Detokenizer
+
+    tokenizer = tiny_engine.tokenizer
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    deltas = _Detokenizer(tokenizer)
+    shown = []
+    for end, token in enumerate(ids, start=1):
+        shown.append(deltas.push(token))
+        assert tokenizer.decode(ids[:end]).startswith("".join(shown))  # never ahead
+    assert "".join(shown) == tokenizer.decode(ids) == text
