@@ -78,8 +78,6 @@ def run_config(
     config.engine.threads = threads or args.threads
     config.trainer.max_steps = steps
     config.trainer.batch_turns = args.batch_turns
-    # one batch of look-ahead: the rollout plays the next batch while the learner trains
-    config.trainer.max_backlog = 2 * args.batch_turns
     config.trainer.overlap = overlap
     config.trainer.lr = args.lr
     config.sampling.max_tokens = args.max_tokens

@@ -164,14 +164,19 @@ class TrainerConfig:
     embedded engine's per-token KV-cache copies are mapped too, and decoding 4 sequences
     in the same process ran 25% slower; at 1 MiB it ran as fast as with glibc's default
     (measured here, benchmarks/perf/learner.py)."""
-    max_backlog: int = 32
+    max_backlog: int | None = None
     """Turns waiting for training (collected or judged, the batch being trained included)
-    before rollouts pause: the bounded queue. 2 x batch_turns lets the rollout play one
-    batch ahead of the learner; more only makes turns staler."""
+    before rollouts pause: the bounded queue. None: 2 x batch_turns, which lets the rollout
+    play one batch ahead of the learner; more only makes turns staler."""
     overlap: bool = True
     """Run rollout, judging and training concurrently; false alternates them strictly."""
     wandb_project: str | None = None
     """Also log metrics to this W&B project (needs `pip install wandb`)."""
+
+    @property
+    def backlog(self) -> int:
+        """`max_backlog`, or its default of two batches."""
+        return self.max_backlog if self.max_backlog is not None else 2 * self.batch_turns
 
 
 @dataclass
@@ -235,7 +240,9 @@ def validate(config: RunConfig) -> None:
         )
     if config.trainer.batch_turns < 1 or config.trainer.max_steps < 0:
         raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
-    if config.trainer.max_backlog < config.trainer.batch_turns:
+    if config.trainer.max_backlog is not None and (
+        config.trainer.max_backlog < config.trainer.batch_turns
+    ):
         raise ValueError(
             f"trainer.max_backlog ({config.trainer.max_backlog}) must be >= trainer.batch_turns "
             f"({config.trainer.batch_turns}), or rollouts pause before a batch is complete"

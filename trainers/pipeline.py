@@ -3,7 +3,8 @@ other, meeting only at the store (and the serving loop, which runs beside them).
 
 - rollout: plays groups of episodes (`env.group_size` rollouts of one task, concurrently,
   so a batching engine batches them) and stores every turn; it pauses while more than
-  `trainer.max_backlog` turns wait to be trained (the bounded queue);
+  `trainer.max_backlog` turns wait to be trained (the bounded queue; two batches by
+  default, so the rollout plays one batch ahead while the learner trains);
 - judging: reads collected main turns, asks the judge, stores the judgement;
 - training: once enough judged turns of complete groups are there, selects samples by the
   method, takes one optimiser step, checkpoints, marks the turns, and publishes the new
@@ -176,7 +177,7 @@ class Pipeline:
             waiting = self.store.count_turns(TurnStatus.COLLECTED) + self.store.count_turns(
                 TurnStatus.JUDGED
             )
-            if waiting >= self.config.trainer.max_backlog:
+            if waiting >= self.config.trainer.backlog:
                 time.sleep(_IDLE_POLL_S)
                 continue
             self._play_group()
@@ -265,7 +266,7 @@ class Pipeline:
             return None
         selection = self._select(ready, sessions)
         if len(selection.samples) < self.config.trainer.batch_turns:
-            if len(ready) >= self.config.trainer.max_backlog:  # never starve on dropped turns
+            if len(ready) >= self.config.trainer.backlog:  # never starve on dropped turns
                 self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
                 self.progress.turns_dropped += len(selection.dropped)
             return None

@@ -97,6 +97,7 @@ def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp
             "LLM judge",
         ),
         (lambda c: setattr(c.trainer, "clip_low", 1.5), "clip_low"),
+        (lambda c: setattr(c.trainer, "max_backlog", 4), "max_backlog"),
         (lambda c: setattr(c.env, "users", "robots"), "env.users"),
         (lambda c: setattr(c.serve, "host", "0.0.0.0"), "serve.api_key"),
     ],
