@@ -7,7 +7,9 @@ on the personal-agent environment, and the speed-up of overlapping the loops.
 
 Preference score: the persona's programmatic check (evaluation only, never a reward) of the
 policy's first reply on held-out tasks, greedy, as OpenClaw-RL's "personalisation score",
-with a reply budget long enough that the budget never makes a reply look brief.
+with a reply budget long enough that the budget never makes a reply look brief. Beside it,
+the share of replies on topic (`envs.chat.personas.on_topic`) and the score with off-topic
+replies counted as 0: a policy can meet "be brief" by saying nothing.
 Speed-up: wall time for the same number of steps with rollout, judging and training
 overlapped (the rollout one batch ahead), against strictly alternating them at the same
 torch threads and at every core. Prints two tables and writes learning.png.
@@ -21,6 +23,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +41,21 @@ from trainers.run import train
 logger = logging.getLogger(__name__)
 
 
-def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens: int) -> float:
-    """Mean first-reply preference score on held-out chat tasks, greedy, decoded as one batch.
+@dataclass(frozen=True)
+class HeldOut:
+    """First replies to held-out tasks, scored."""
+
+    score: float
+    """Mean preference score."""
+    on_topic: float
+    """Share of replies that share a topic word with their question."""
+    guarded: float
+    """Mean preference score counting off-topic replies as 0: what a reply that says
+    nothing cannot game."""
+
+
+def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens: int) -> HeldOut:
+    """First-reply scores on held-out chat tasks, greedy, decoded as one batch.
 
     `max_tokens` should let an unconstrained reply run past the point where the check stops
     rewarding it: a reply cut short by the budget would look briefer than the policy is.
@@ -57,12 +73,17 @@ def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens:
         replies = list(
             pool.map(lambda obs: engine.generate(obs, None, greedy, POLICY), observations)
         )
-    scores = []
+    scores, topical = [], []
     for env, reply in zip(chats, replies, strict=True):
         _, _, _, _, info = env.step(dict(reply.message))
         scores.append(float(info["first_reply_score"]))
+        topical.append(bool(info["first_reply_on_topic"]))
         env.close()
-    return sum(scores) / len(scores)
+    return HeldOut(
+        score=sum(scores) / len(scores),
+        on_topic=sum(topical) / len(topical),
+        guarded=sum(s for s, t in zip(scores, topical, strict=True) if t) / len(scores),
+    )
 
 
 def run_config(
@@ -86,28 +107,36 @@ def run_config(
     return config
 
 
-def learn(args: argparse.Namespace, method: str, before: float) -> dict[str, Any]:
-    """Trains one method and scores the trained policy (`before` is the base model's)."""
+def learn(
+    args: argparse.Namespace, method: str, before: HeldOut, trained: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Trains one method and scores the trained policy (`before` is the base model's).
+    With `trained` (the method's earlier result) the run in `--out` is only scored again."""
     run_dir = args.out / method
-    summary = train(run_config(args, method, args.steps, overlap=True), run_dir)
+    if trained is None:
+        summary = train(run_config(args, method, args.steps, overlap=True), run_dir)
+        trained = {"steps": summary.steps, "wall_s": summary.wall_s}
+    version = max(int(p.name[1:]) for p in (run_dir / "adapters").glob("v*"))
     engine = EmbeddedEngine(args.model, threads=args.threads)
-    engine.load_adapter(
-        str(run_dir / "adapters" / f"v{summary.adapter_version}"), summary.adapter_version
-    )
+    engine.load_adapter(str(run_dir / "adapters" / f"v{version}"), version)
     after = held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
     engine.close()
     rewards = [row.get("judge_score") for row in read_metrics(run_dir)]
     return {
         "method": method,
-        "before": before,
-        "after": after,
-        "steps": summary.steps,
-        "wall_s": summary.wall_s,
+        "before": before.score,
+        "after": after.score,
+        "on_topic_before": before.on_topic,
+        "on_topic_after": after.on_topic,
+        "guarded_before": before.guarded,
+        "guarded_after": after.guarded,
+        "steps": trained["steps"],
+        "wall_s": trained["wall_s"],
         "curve": rewards,
     }
 
 
-def base_score(args: argparse.Namespace) -> float:
+def base_score(args: argparse.Namespace) -> HeldOut:
     engine = EmbeddedEngine(args.model, threads=args.threads)
     try:
         return held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
@@ -142,8 +171,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     figure, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["method"] for r in results]
     positions = range(len(results))
-    bars.bar([p - 0.2 for p in positions], [r["before"] for r in results], 0.4, label="before")
-    bars.bar([p + 0.2 for p in positions], [r["after"] for r in results], 0.4, label="after")
+    width = 0.27
+    bars.bar([p - width for p in positions], [r["before"] for r in results], width, label="before")
+    bars.bar(positions, [r["after"] for r in results], width, label="after")
+    bars.bar(
+        [p + width for p in positions],
+        [r["guarded_after"] for r in results],
+        width,
+        label="after, off-topic replies as 0",
+    )
     bars.set_xticks(list(positions), names)
     bars.set_ylim(0, 1)
     bars.set_ylabel("held-out preference score")
@@ -193,20 +229,27 @@ def main() -> None:
     )
     parser.add_argument("--eval-tasks", type=int, default=20)
     parser.add_argument("--speedup-steps", type=int, default=4)
+    parser.add_argument(
+        "--rescore", action="store_true", help="score the runs already in --out, no training"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    before = base_score(args) if args.methods else 0.0
+    before = base_score(args) if args.methods else HeldOut(0.0, 0.0, 0.0)
+    earlier = {}
+    if args.rescore:
+        earlier = {r["method"]: r for r in json.loads((args.out / "learning.json").read_text())}
     for method in args.methods:  # each result is kept as soon as it exists
-        results.append(learn(args, method, before))
+        results.append(learn(args, method, before, earlier.get(method)))
         (args.out / "learning.json").write_text(json.dumps(results, indent=2))
     table = Table(
         title=f"learning on Chat-v0 ({args.persona}), {args.model}, judge={args.judge}, "
         f"lr {args.lr:g}, {args.steps} steps of {args.batch_turns} turns"
     )
-    for column in ("method", "score before", "score after", "change", "train wall s"):
+    columns = ("method", "score before", "score after", "change", "on-topic before / after")
+    for column in (*columns, "guarded before / after", "train wall s"):
         table.add_column(column, justify="left" if column == "method" else "right")
     for r in results:
         table.add_row(
@@ -214,6 +257,8 @@ def main() -> None:
             f"{r['before']:.3f}",
             f"{r['after']:.3f}",
             f"{r['after'] - r['before']:+.3f}",
+            f"{r['on_topic_before']:.2f} / {r['on_topic_after']:.2f}",
+            f"{r['guarded_before']:.3f} / {r['guarded_after']:.3f}",
             f"{r['wall_s']:.0f}",
         )
     console = Console()

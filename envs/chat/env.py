@@ -15,6 +15,8 @@ preference score (`envs.chat.personas`) is ground truth for EVALUATION ONLY, exp
   on a step whose action was not a plain reply, e.g. a tool call);
 - `info["first_reply_score"]`: the score of the episode's first reply, OpenClaw-RL's
   "personalisation score" (None until then);
+- `info["first_reply_on_topic"]`: whether that reply shares a topic word with its question
+  (`personas.on_topic`): a reply that says nothing can still meet a preference;
 - `info["user_verdict"]`: "satisfied" | "correction" | "redo" | "gave_up" (None at reset);
 - `info["attempt"]`: which try this reply was at its question (1 = first);
 - `info["question_index"]`, `info["questions"]`: the question the user is on, and how many;
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from envs.chat.personas import Persona, persona
+from envs.chat.personas import Persona, on_topic, persona
 from envs.chat.tasks import ChatTask, load_tasks
 from envs.chat.user import SimulatedUser, UserModel, Verdict
 from envs.core import Action, AgentEnv, Message, Reply
@@ -85,6 +87,7 @@ class ChatEnv(AgentEnv):
         self._verdict: Verdict | None = None
         self._scored_turn = -1
         self._first_score: float | None = None
+        self._first_on_topic: bool | None = None
 
     # -- hooks -------------------------------------------------------------------------
     def task_ids(self) -> Sequence[str]:
@@ -114,6 +117,7 @@ class ChatEnv(AgentEnv):
         self._scored_turn = self._turn
         if self._first_score is None:
             self._first_score = self._score
+            self._first_on_topic = on_topic(content, self.task.questions[self._question])
         verdict = self._judge(content)
         questions = self.task.questions
         asked = questions[self._question]
@@ -148,6 +152,7 @@ class ChatEnv(AgentEnv):
             "preference_score": self._score if scored else None,
             "user_verdict": str(self._verdict) if scored else None,
             "first_reply_score": self._first_score,
+            "first_reply_on_topic": self._first_on_topic,
         }
 
 

@@ -150,6 +150,30 @@ def tldr_first(text: str) -> float:
 
 
 # -- the personas ----------------------------------------------------------------------
+_FILLER = frozenset(
+    "about after again also answer could does from give have hello help here just know like "
+    "make many more most much need other please recommend should some suggest tell than that "
+    "their them then there these they thing things this tips want what when where which while "
+    "with would your advice explain".split()
+)
+
+
+def topic_words(text: str) -> set[str]:
+    """English words of four or more letters that carry a topic, cut to five letters (a
+    crude stem: "passwords" and "password" meet)."""
+    return {w[:5] for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 4} - {
+        w[:5] for w in _FILLER
+    }
+
+
+def on_topic(reply: str, question: str) -> bool:
+    """Whether a reply shares a topic word with the question it answers. No persona's check
+    looks at content, so a reply that says nothing can meet a preference: a small policy
+    trained toward brevity learned to echo its system prompt. For evaluation beside the
+    preference score; English only (a Spanish reply shares no English word)."""
+    return bool(topic_words(reply) & topic_words(question))
+
+
 _GIST = "start with the basics, keep it simple, and adjust as you go"
 
 PERSONAS: dict[str, Persona] = {

@@ -246,3 +246,37 @@ def test_variants_persona_questions_patience_budget_and_revealed_preferences():
         ChatEnv(persona="pirate")
     with pytest.raises(ValueError, match="unknown split"):
         ChatEnv(split="validation")
+
+
+@pytest.mark.parametrize(
+    ("reply", "question", "expected"),
+    [
+        ("Check the service history of any used car first.", "Tips for buying a used car?", True),
+        ("It stores passwords, encrypted.", "How does a password manager work?", True),
+        (
+            "You are a helpful personal assistant. You are chatting with Sam.",
+            "Give me some tips for buying a used car.",
+            False,
+        ),
+        ("The night is a night of the night.", "Can you suggest a quick weeknight dinner?", False),
+        ("Pasta with garlic: a quick dinner.", "Can you suggest a quick weeknight dinner?", True),
+        ("", "What is a frog?", False),
+    ],
+)
+def test_a_reply_is_on_topic_when_it_shares_a_topic_word(reply, question, expected):
+    from envs.chat.personas import on_topic
+
+    assert on_topic(reply, question) is expected
+
+
+def test_the_first_reply_is_marked_on_or_off_topic():
+    env = gym.make("clawgym/Chat-v0", split="test", persona="brief", questions_per_episode=1)
+    observation, _ = env.reset(seed=0)
+    question = env.unwrapped.task.questions[0]
+    _, _, _, _, info = env.step(f"Sure: {question}")
+    assert info["first_reply_on_topic"] is True
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("You are a helpful personal assistant.")
+    assert info["first_reply_on_topic"] is False
+    assert info["first_reply_score"] == 1.0  # brief, so the preference alone is met
+    env.close()
