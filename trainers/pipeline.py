@@ -103,6 +103,8 @@ class Pipeline:
         self._envs_lock = threading.Lock()
         self._task_ids: list[str] = []
         self._group = 0
+        self._in_training = 0
+        """Turns of the batch the learner is on (still judged in the store until done)."""
 
     # -- running -------------------------------------------------------------------------
     def run(self, overlap: bool = True) -> list[StepMetrics]:
@@ -174,8 +176,11 @@ class Pipeline:
     # -- rollout -------------------------------------------------------------------------
     def _rollout_loop(self) -> None:
         while not self._stop.is_set():
-            waiting = self.store.count_turns(TurnStatus.COLLECTED) + self.store.count_turns(
-                TurnStatus.JUDGED
+            # the batch being trained no longer waits: the rollout plays the next meanwhile
+            waiting = (
+                self.store.count_turns(TurnStatus.COLLECTED)
+                + self.store.count_turns(TurnStatus.JUDGED)
+                - self._in_training
             )
             if waiting >= self.config.trainer.backlog:
                 time.sleep(_IDLE_POLL_S)
@@ -265,22 +270,28 @@ class Pipeline:
         if len(ready) < self.config.trainer.batch_turns:
             return None
         selection = self._select(ready, sessions)
+        # Dropped at once: their groups are complete, so no later turn gives them a signal
+        # (and staleness only grows). Left judged, they filled the backlog and paused the
+        # rollout while the learner waited for turns it could train.
+        self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
+        self.progress.turns_dropped += len(selection.dropped)
         if len(selection.samples) < self.config.trainer.batch_turns:
-            if len(ready) >= self.config.trainer.backlog:  # never starve on dropped turns
-                self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
-                self.progress.turns_dropped += len(selection.dropped)
             return None
         # `batch_turns` a step; the rest stay judged for the next one
         keys = {seq: baseline_key(turn, sessions[turn.session_id]) for seq, turn in ready}
         batch = first_batch(selection.samples, keys, self.config.trainer.batch_turns)
-        metrics = self.learner.step(list(batch))
-        adapter = self.learner.save_adapter()
-        self.learner.save_checkpoint({"trained_turns": self.progress.turns_trained + len(batch)})
-        self.store.mark_trained([s.seq for s in batch])
-        self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
+        self._in_training = len(batch)
+        try:
+            metrics = self.learner.step(list(batch))
+            adapter = self.learner.save_adapter()
+            self.learner.save_checkpoint(
+                {"trained_turns": self.progress.turns_trained + len(batch)}
+            )
+            self.store.mark_trained([s.seq for s in batch])
+        finally:
+            self._in_training = 0
         self.publish(str(adapter), self.learner.version)
         self.progress.turns_trained += len(batch)
-        self.progress.turns_dropped += len(selection.dropped)
         self.progress.steps.append(metrics)
         self._log_metrics(metrics, selection, _mean_judge_score(ready))
         return metrics
