@@ -64,7 +64,9 @@ class ServeConfig:
     """Ask the `remote` upstream for vLLM's token ids (token-exact turns)."""
     adapter_shape: str | None = None
     """An adapter directory: make slots for adapters of its shape (rank, target modules) at
-    start, so the first published version is copied in as fast as later ones."""
+    start, so the first published version is copied in as fast as later ones (11-15 ms
+    under load against 54-342 ms). The price: until that version, requests run through
+    peft's per-row path, measured at +2 ms of CPU a one-token request on `tiny`."""
     log_level: str = "info"
 
     def __post_init__(self) -> None:

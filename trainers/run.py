@@ -70,8 +70,6 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     store = Store(run_dir / "store.sqlite")
     metrics = MetricsWriter(run_dir, config.trainer.wandb_project)
     learner = Learner(config.model.name, config.trainer, run_dir)
-    # the engine makes its adapter slots now, so the first publish is a copy like the rest
-    engine.prepare_adapter(str(learner.save_adapter("init")))
     make_env = None
     if config.env.users != "live":
         make_env = lambda: gym.make(config.env.id, **config.env.kwargs)  # noqa: E731

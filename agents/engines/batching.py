@@ -20,7 +20,8 @@ caller's thread, copies it into a slot no request uses and flips the policy to i
 waiting for the scheduler thread: a swap fails no request and never pauses decoding. Only
 an adapter of a new shape (the first one, or a new rank) is loaded by peft, between two
 steps, which also makes the spare slots of its shape: that one publish is slower, unless
-`prepare_adapter` made the slots of its shape beforehand (the trainer does, at start).
+`prepare_adapter` made the slots of its shape beforehand (requests then run through peft
+from the start: a cost until the first version, which is why the trainer does not).
 
 All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
 reach it through a queue per request and futures for one-off jobs.
