@@ -287,10 +287,9 @@ class Learner:
                 return [self._logprobs(b) for b in batches]
 
     # -- publishing and checkpoints ------------------------------------------------------
-    def save_adapter(self, name: str | None = None) -> Path:
-        """Writes the current adapter as run_dir/adapters/<name> (default `v<version>`);
-        returns the directory."""
-        target = self.run_dir / "adapters" / (name or f"v{self.version}")
+    def save_adapter(self) -> Path:
+        """Writes the current adapter as run_dir/adapters/v<version>; returns the directory."""
+        target = self.run_dir / "adapters" / f"v{self.version}"
         staging = target.with_name(target.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         self.model.save_pretrained(staging)
