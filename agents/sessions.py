@@ -192,8 +192,7 @@ class SessionTracker:
     ) -> None:
         """Commits the request's turns; closes the session if the client said so."""
         for offset, (completion, reply) in enumerate(zip(completions, replies, strict=True)):
-            turn = _turn(info, first + offset, messages, completion, reply)
-            self.store.add_turn(turn.replace(tools=tuple(tools)))
+            self.store.add_turn(_turn(info, first + offset, messages, completion, reply, tools))
         if info.turn_type is TurnType.MAIN:
             prompt_length = sum(1 for m in messages if not is_transient(m))
             indexes = tuple(range(first, first + len(completions)))
@@ -242,6 +241,7 @@ def _turn(
     messages: Sequence[Mapping[str, Any]],
     completion: Completion,
     reply: Mapping[str, Any],
+    tools: Sequence[Mapping[str, Any]],
 ) -> Turn:
     return Turn(
         session_id=info.session_id,
@@ -253,4 +253,5 @@ def _turn(
         completion_logprobs=completion.completion_logprobs,
         completion=reply,
         policy_version=completion.policy_version,
+        tools=tuple(tools),
     )

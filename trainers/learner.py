@@ -287,9 +287,10 @@ class Learner:
                 return [self._logprobs(b) for b in batches]
 
     # -- publishing and checkpoints ------------------------------------------------------
-    def save_adapter(self) -> Path:
-        """Writes the current adapter as run_dir/adapters/v<version>; returns the directory."""
-        target = self.run_dir / "adapters" / f"v{self.version}"
+    def save_adapter(self, name: str | None = None) -> Path:
+        """Writes the current adapter as run_dir/adapters/v<version> (or run_dir/<name>);
+        returns the directory."""
+        target = self.run_dir / name if name else self.run_dir / "adapters" / f"v{self.version}"
         staging = target.with_name(target.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         self.model.save_pretrained(staging)

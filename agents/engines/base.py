@@ -6,7 +6,7 @@ ones it sampled, so the learner can recompute log-probs on the very same ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,6 +94,27 @@ class Engine(Protocol):
     ) -> Iterator[TokenChunk | Completion]:
         """Like `generate`, token by token: `TokenChunk`s as they are sampled, then the
         final `Completion` (always the last item, with every id and log-prob)."""
+        ...
+
+    async def agenerate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Completion:
+        """`generate` awaited on an event loop (the proxy's), which it never blocks for
+        the sampling."""
+        ...
+
+    def astream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> AsyncGenerator[TokenChunk | Completion, None]:
+        """`stream` on an event loop (called there); closing it early cancels the request."""
         ...
 
     def encode(

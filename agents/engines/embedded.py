@@ -15,12 +15,14 @@ log-probs are comparable with the rollout's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import queue
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from agents import models
+from agents.engines.aio import LoopSink
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -30,7 +32,7 @@ from agents.engines.base import (
     TokenChunk,
     ToolSchema,
 )
-from agents.engines.batching import END, Request, Scheduler
+from agents.engines.batching import END, EventSink, Request, Scheduler
 from agents.toolcalls import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -80,7 +82,9 @@ class EmbeddedEngine:
         sampling: SamplingParams | None = None,
         adapter: str | None = POLICY,
     ) -> Completion:
-        *_, completion = self._events(self._submit(messages, tools, sampling, adapter), False)
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        request = self._submit(messages, tools, sampling, adapter, events)
+        *_, completion = self._events(request, events, False)
         assert isinstance(completion, Completion)
         return completion
 
@@ -93,7 +97,8 @@ class EmbeddedEngine:
     ) -> Iterator[TokenChunk | Completion]:
         """Queues the request at once (bad input raises here, not on the first `next`);
         closing the iterator early cancels it."""
-        return self._events(self._submit(messages, tools, sampling, adapter), True)
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        return self._events(self._submit(messages, tools, sampling, adapter, events), events, True)
 
     def _submit(
         self,
@@ -101,6 +106,7 @@ class EmbeddedEngine:
         tools: Sequence[ToolSchema] | None,
         sampling: SamplingParams | None,
         adapter: str | None,
+        events: EventSink,
     ) -> Request:
         sampling = sampling or SamplingParams()
         if adapter not in (BASE, POLICY):
@@ -120,25 +126,69 @@ class EmbeddedEngine:
             min(sampling.max_tokens, room),
             self._stop_check(sampling.stop),
             use_policy=adapter == POLICY,
+            events=events,
         )
 
-    def _events(self, request: Request, deltas: bool) -> Iterator[TokenChunk | Completion]:
+    def _events(
+        self, request: Request, events: queue.SimpleQueue[Any], deltas: bool
+    ) -> Iterator[TokenChunk | Completion]:
         """The request's tokens as they come (with their text when `deltas`), then its
         completion."""
-        ids: list[int] = []
-        logprobs: list[float] = []
-        text = _Detokenizer(self.tokenizer)
+        reply = _Reply(self, request, deltas)
         try:
-            while (item := request.events.get()) is not END:
-                if isinstance(item, BaseException):
-                    raise item
-                ids.append(item[0])
-                logprobs.append(item[1])
-                if deltas:
-                    yield TokenChunk((item[0],), (item[1],), text.push(item[0]))
+            while (item := events.get()) is not END:
+                if (chunk := reply.add(item)) is not None:
+                    yield chunk
         finally:
             request.cancelled = True  # a no-op once finished; frees the row if abandoned
-        yield self._completion(request.prompt_ids, ids, logprobs, request.sampling, request.version)
+        yield reply.completion()
+
+    async def agenerate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Completion:
+        """`generate` on an event loop: the scheduler wakes the loop once, at the end."""
+        sink = LoopSink(wake_on=lambda item: item is END or isinstance(item, BaseException))
+        reply = _Reply(self, self._submit(messages, tools, sampling, adapter, sink), False)
+        try:
+            while True:
+                for item in await sink.take():
+                    if item is END:
+                        return reply.completion()
+                    reply.add(item)
+        finally:
+            reply.request.cancelled = True
+
+    def astream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> AsyncGenerator[TokenChunk | Completion, None]:
+        """`stream` on an event loop (call it there): queues the request at once, and the
+        scheduler hands each token to the loop; closing the iterator cancels the request."""
+        sink = LoopSink()
+        return self._aevents(
+            _Reply(self, self._submit(messages, tools, sampling, adapter, sink), True), sink
+        )
+
+    async def _aevents(
+        self, reply: _Reply, sink: LoopSink
+    ) -> AsyncGenerator[TokenChunk | Completion, None]:
+        try:
+            while True:
+                for item in await sink.take():
+                    if item is END:
+                        yield reply.completion()
+                        return
+                    if (chunk := reply.add(item)) is not None:
+                        yield chunk
+        finally:
+            reply.request.cancelled = True
 
     def _completion(
         self,
@@ -198,12 +248,9 @@ class EmbeddedEngine:
 
     def _score(self, ids: torch.Tensor, prompt_length: int, slot: str | None) -> list[float]:
         """Runs on the scheduler thread; `slot` None is the base model."""
-        peft = self._scheduler.peft
+        model, extra = self._scheduler.lora_model([slot])
         with torch.inference_mode():
-            if peft is None:
-                logits = self.model(input_ids=ids).logits
-            else:
-                logits = peft(input_ids=ids, adapter_names=[slot or "__base__"]).logits
+            logits = model(input_ids=ids, **extra).logits
         return (
             torch.log_softmax(logits[0, prompt_length - 1 : -1].float(), dim=-1)
             .gather(-1, ids[0, prompt_length:, None])[:, 0]
@@ -238,6 +285,33 @@ class EmbeddedEngine:
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
         return set(eos if isinstance(eos, list) else [eos])
+
+
+class _Reply:
+    """A request's items as they arrive: token chunks (with text when `deltas`), then the
+    completion."""
+
+    def __init__(self, engine: EmbeddedEngine, request: Request, deltas: bool):
+        self.engine, self.request = engine, request
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = _Detokenizer(engine.tokenizer) if deltas else None
+
+    def add(self, item: Any) -> TokenChunk | None:
+        """One item from the scheduler (not `END`): a (token, log-prob) or an error, raised."""
+        if isinstance(item, BaseException):
+            raise item
+        self.ids.append(item[0])
+        self.logprobs.append(item[1])
+        if self.text is None:
+            return None
+        return TokenChunk((item[0],), (item[1],), self.text.push(item[0]))
+
+    def completion(self) -> Completion:
+        request = self.request
+        return self.engine._completion(
+            request.prompt_ids, self.ids, self.logprobs, request.sampling, request.version
+        )
 
 
 class _Detokenizer:

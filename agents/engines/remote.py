@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from agents.engines import openai_http
+from agents.engines.aio import ThreadedAsync
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -39,7 +40,7 @@ from agents.engines.openai_http import (
 )
 
 
-class RemoteEngine:
+class RemoteEngine(ThreadedAsync):
     """An OpenAI-compatible server at `base_url` (see the module docstring).
 
     Args:
@@ -118,6 +119,7 @@ class RemoteEngine:
         self.load_adapter(path, 0)  # the same refusal
 
     def close(self) -> None:
+        self._close_threads()
         self._http.close()
 
     def _body(

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from agents import models
 from agents.engines import openai_http
+from agents.engines.aio import ThreadedAsync
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -85,7 +86,7 @@ def _cpu_bind() -> str:
     return ",".join(map(str, cpus))
 
 
-class VLLMEngine:
+class VLLMEngine(ThreadedAsync):
     """vLLM's OpenAI server as a subprocess (see the module docstring).
 
     Args:
@@ -239,6 +240,7 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
+        self._close_threads()
         self._http.close()
         self._server.stop()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from agents.engines.aio import ThreadedAsync
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -60,7 +61,7 @@ class EpisodeRecorder(gym.Wrapper[Any, Any, Any, Any]):
         return observation, reward, terminated, truncated, info
 
 
-class _Unsupported:
+class _Unsupported(ThreadedAsync):
     """The engine methods a policy view does not serve; it streams its whole reply at once."""
 
     def generate(
@@ -94,7 +95,7 @@ class _Unsupported:
         raise NotImplementedError("benchmark engines only generate")
 
     def close(self) -> None:
-        pass
+        self._close_threads()
 
 
 class ScriptedEngine(_Unsupported):

@@ -34,8 +34,7 @@ def tiny_engine():
 @pytest.fixture(scope="module")
 def served(tiny_engine, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("proxy") / "store.sqlite")
-    # start_on_loop: as `agents.serve` runs the embedded engine.
-    with running(tiny_engine, store, ProxyConfig(start_on_loop=True)) as (url, _):
+    with running(tiny_engine, store) as (url, _):
         yield url, store
     store.close()
 
@@ -294,3 +293,50 @@ def test_a_bad_publish_is_a_400_and_serving_goes_on(client, served, body):
     reply, headers = create(client)
     assert reply.choices[0].message.role == "assistant"
     assert served[1].session(headers["x-session-id"]).turns[0].policy_version == 0
+
+
+def test_wrong_method_on_chat_is_an_openai_style_405(served):
+    response = httpx.get(served[0] + "/chat/completions")
+    assert response.status_code == 405 and "error" in response.json()
+
+
+def test_the_loop_leaves_wal_checkpoints_to_a_worker_thread(tiny_engine, tmp_path, monkeypatch):
+    """Commits run on the event loop; SQLite's automatic checkpoint (an fsync, several ms)
+    must not, so the proxy switches it off for the loop and checkpoints on a thread."""
+    import threading
+
+    from agents import proxy
+
+    monkeypatch.setattr(proxy, "CHECKPOINT_TURNS", 3)
+    checkpoints: list[int] = []
+    store = Store(tmp_path / "store.sqlite")
+    original = store.checkpoint
+    monkeypatch.setattr(
+        store, "checkpoint", lambda: (checkpoints.append(threading.get_ident()), original())[1]
+    )
+    with running(tiny_engine, store) as (url, served):
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        for _ in range(7):
+            create(client)
+    assert len(checkpoints) == 2  # after turns 3 and 6
+    assert served._loop_thread is not None and served._loop_thread not in checkpoints
+    assert store.count_turns() == 7
+    store.close()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_client_that_leaves_a_stream_cancels_its_engine_requests(client, served, tiny_engine, n):
+    import time
+
+    body = {"model": "policy", "messages": USER, "max_tokens": 400, "stream": True, "n": n}
+    with httpx.stream("POST", served[0] + "/chat/completions", json=body, timeout=60) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        next(lines)
+    scheduler = tiny_engine._scheduler
+    deadline = time.monotonic() + 30
+    while (scheduler._batch is not None or scheduler._waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scheduler._batch is None and not scheduler._waiting  # no row decodes on for nobody
+    reply, _ = create(client)
+    assert reply.choices[0].message.role == "assistant"

@@ -95,7 +95,7 @@ def test_publishing_adapters_under_load_fails_no_request(tmp_path, adapters):
             except Exception as error:  # any failure at all is what this test counts
                 failures.append(repr(error))
 
-    config = ProxyConfig(start_on_loop=True)  # as `agents.serve` runs the embedded engine
+    config = ProxyConfig()
     with Store(tmp_path / "s.sqlite") as store, running(engine, store, config) as (url, _):
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
         workers = [threading.Thread(target=load, args=(client, w)) for w in range(8)]

@@ -14,6 +14,7 @@ import json
 import openai
 import pytest
 
+from agents.engines.aio import ThreadedAsync
 from agents.engines.base import POLICY, Completion, SamplingParams, TokenChunk
 from agents.engines.embedded import EmbeddedEngine
 from agents.store import Store
@@ -36,7 +37,7 @@ TOOLS = [
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
-class ScriptedEngine:
+class ScriptedEngine(ThreadedAsync):
     """The embedded engine with its sampling replaced by a fixed reply (see module doc)."""
 
     def __init__(self, engine, reply):
@@ -79,7 +80,7 @@ class ScriptedEngine:
         self.engine.prepare_adapter(path)
 
     def close(self):
-        pass
+        self._close_threads()
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,11 @@ def test_prepared_slots_serve_the_base_until_the_first_version_which_is_a_copy(
     plain = EmbeddedEngine("tiny", threads=1)
     engine.prepare_adapter(adapters[0])
     assert engine.policy_version == 0
-    for ours, theirs in zip(served(engine), served(plain), strict=True):
-        assert ours.completion_token_ids == theirs.completion_token_ids
     peft = engine._peft
+    with monkeypatch.context() as patch:  # base rows skip peft's forward altogether
+        patch.setattr(peft, "forward", lambda *a, **k: pytest.fail("base rows went through peft"))
+        for ours, theirs in zip(served(engine), served(plain), strict=True):
+            assert ours.completion_token_ids == theirs.completion_token_ids
     monkeypatch.setattr(peft, "load_adapter", lambda *a, **k: pytest.fail("peft loaded it"))
     monkeypatch.setattr(peft, "add_adapter", lambda *a, **k: pytest.fail("peft added one"))
     engine.load_adapter(adapters[1], 1)
@@ -69,6 +71,14 @@ def test_prepared_slots_serve_the_base_until_the_first_version_which_is_a_copy(
         assert ours.policy_version == 1
         assert ours.completion_token_ids == theirs.completion_token_ids
         assert ours.completion_logprobs == pytest.approx(theirs.completion_logprobs, abs=1e-5)
+    ids = (ours.prompt_token_ids, ours.completion_token_ids)
+    for adapter in (None, POLICY, None, POLICY):  # LoRA layers switched off, on, off, on
+        assert engine.score(*ids, adapter=adapter) == pytest.approx(
+            plain.score(*ids, adapter=adapter), abs=1e-5
+        )
+    assert engine.score(*ids, adapter=None) != pytest.approx(
+        engine.score(*ids, adapter=POLICY), abs=1e-3
+    )
     engine.close()
     plain.close()
 
