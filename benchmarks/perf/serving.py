@@ -17,6 +17,7 @@ each at 1 and 16 concurrent requests; `ratio` is tokens/s over the baseline's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -68,6 +69,20 @@ def proxy_process(store: Path, *args: str) -> Iterator[tuple[str, int]]:
         server.wait(timeout=60)
 
 
+@contextmanager
+def noop_process() -> Iterator[tuple[str, int]]:
+    """`benchmarks.perf.noop_server` on a free port; yields its base URL and pid."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "benchmarks.perf.noop_server", str(port)])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, server)
+        yield base, server.pid
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def _wait_healthy(base: str, server: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and server.poll() is None:
@@ -94,51 +109,79 @@ def chat(client: httpx.Client, base: str, session: str, max_tokens: int, **extra
 
 @dataclass(frozen=True)
 class Overhead:
-    """Seconds per one-token request, paired round by round."""
+    """Seconds per one-token request, paired round by round, per proxy process."""
 
-    direct: list[float]
-    stdlib: list[float]
+    direct: list[list[float]]
+    stdlib: list[list[float]]
     """Through the proxy with `http.client` (a lean client: the proxy's own cost)."""
-    httpx: list[float]
+    httpx: list[list[float]]
     """Through the proxy with httpx, the openai client's transport."""
     cpu_direct: float
     """CPU seconds a request in this process, engine direct."""
     cpu_proxy: float
     """CPU seconds a request in the proxy's process."""
+    floor: list[float]
+    """A request to `benchmarks.perf.noop_server` (same client, same stack, no work)."""
 
-    def diffs(self, proxied: list[float]) -> list[float]:
-        return [p - d for p, d in zip(proxied, self.direct, strict=True)]
+    def diffs(self, proxied: list[list[float]]) -> list[list[float]]:
+        return [
+            [p - d for p, d in zip(ps, ds, strict=True)]
+            for ps, ds in zip(proxied, self.direct, strict=True)
+        ]
 
 
-def overhead(engine: Engine, base: str, pid: int, requests: int) -> Overhead:
-    """Each round: the engine called directly, then the same request through the proxy with
-    each client (one token each); CPU time is robust to other load on the machine."""
+def overhead(engine: Engine, servers: list[tuple[str, int]], floor: str, requests: int) -> Overhead:
+    """Each round, for each proxy process in turn: the engine called directly, then the
+    same request through that proxy with each client (one token each); then the engine
+    again and the no-op server at `floor`. Several proxy processes because one process's
+    figure moves by a few tenths of a millisecond from one start to the next here; CPU
+    time is robust to other load."""
     one = SamplingParams(temperature=1.0, max_tokens=1)
-    direct, stdlib, with_httpx, cpu_direct, cpu_proxy = [], [], [], 0.0, 0.0
+    count = len(servers)
+    direct: list[list[float]] = [[] for _ in servers]
+    stdlib: list[list[float]] = [[] for _ in servers]
+    with_httpx: list[list[float]] = [[] for _ in servers]
+    cpu_direct = cpu_proxy = 0.0
     body = json.dumps({"model": "policy", "messages": MESSAGES, "max_tokens": 1, "temperature": 1})
     headers = {"Content-Type": "application/json", "X-Session-Id": "overhead"}
-    host, port = base.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port))
+    connections = [
+        http.client.HTTPConnection("127.0.0.1", int(base.rpartition(":")[2])) for base, _ in servers
+    ]
+    noop = http.client.HTTPConnection("127.0.0.1", int(floor.rpartition(":")[2]))
+    floors: list[float] = []
     with httpx.Client(timeout=60) as client:
         for number in range(requests + 5):
-            started, cpu = time.perf_counter(), time.process_time()
-            engine.generate(MESSAGES, sampling=one)
-            middle, cpu_middle, server_cpu = time.perf_counter(), time.process_time(), _cpu(pid)
-            connection.request("POST", "/v1/chat/completions", body, headers)
-            reply = connection.getresponse()
-            if reply.status != 200:
-                raise RuntimeError(f"the proxy answered {reply.status}: {reply.read()!r}")
-            reply.read()
-            after_stdlib = time.perf_counter()
-            chat(client, base, "overhead", 1, temperature=1.0)
-            if number >= 5:  # warm-up
-                direct.append(middle - started)
-                stdlib.append(after_stdlib - middle)
-                with_httpx.append(time.perf_counter() - after_stdlib)
-                cpu_direct += cpu_middle - cpu
-                cpu_proxy += (_cpu(pid) - server_cpu) / 2
-    connection.close()
-    return Overhead(direct, stdlib, with_httpx, cpu_direct / requests, cpu_proxy / requests)
+            engine.generate(MESSAGES, sampling=one)  # the same state as before a proxy call
+            started = time.perf_counter()
+            noop.request("POST", "/v1/chat/completions", body, headers)
+            noop.getresponse().read()
+            if number >= 5:
+                floors.append(time.perf_counter() - started)
+            for index, ((base, pid), connection) in enumerate(
+                zip(servers, connections, strict=True)
+            ):
+                started, cpu = time.perf_counter(), time.process_time()
+                engine.generate(MESSAGES, sampling=one)
+                ended, cpu_ended = time.perf_counter(), time.process_time()
+                server_cpu = _cpu(pid)
+                middle = time.perf_counter()
+                connection.request("POST", "/v1/chat/completions", body, headers)
+                reply = connection.getresponse()
+                if reply.status != 200:
+                    raise RuntimeError(f"the proxy answered {reply.status}: {reply.read()!r}")
+                reply.read()
+                after_stdlib = time.perf_counter()
+                chat(client, base, "overhead", 1, temperature=1.0)
+                if number >= 5:  # warm-up
+                    direct[index].append(ended - started)
+                    stdlib[index].append(after_stdlib - middle)
+                    with_httpx[index].append(time.perf_counter() - after_stdlib)
+                    cpu_direct += cpu_ended - cpu
+                    cpu_proxy += (_cpu(pid) - server_cpu) / 2
+    for connection in [*connections, noop]:
+        connection.close()
+    rounds = requests * count
+    return Overhead(direct, stdlib, with_httpx, cpu_direct / rounds, cpu_proxy / rounds, floors)
 
 
 def _cpu(pid: int) -> float:
@@ -322,6 +365,10 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
     return rows
 
 
+def _median(per_process: list[list[float]]) -> float:
+    return statistics.median([value for values in per_process for value in values])
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
@@ -331,19 +378,20 @@ def proxy_table(args: argparse.Namespace) -> Table:
     for column in ("measure", "value", "target"):
         table.add_column(column, justify="left" if column == "measure" else "right")
     with tempfile.TemporaryDirectory() as tmp:
-        store = Path(tmp) / "store.sqlite"
         adapters = random_adapters(Path(tmp), 6)
         engine = EmbeddedEngine("tiny", threads=1)
         # Slots prepared as the trainer prepares them: every publish below is a copy.
         # Until the first version, requests skip peft, so the overhead is the plain one.
-        shape = f"adapter_shape={adapters[0]}"
-        with proxy_process(store, "model=tiny", "threads=1", "log_level=warning", shape) as (
-            base,
-            pid,
-        ):
-            measured = overhead(engine, base, pid, args.requests)
+        serve = ("model=tiny", "threads=1", "log_level=warning", f"adapter_shape={adapters[0]}")
+        stores = [Path(tmp) / f"store{i}.sqlite" for i in range(args.servers)]
+        with proxy_process(stores[0], *serve) as first, contextlib.ExitStack() as others:
+            servers = [first] + [others.enter_context(proxy_process(s, *serve)) for s in stores[1:]]
+            floor, _ = others.enter_context(noop_process())
+            measured = overhead(engine, servers, floor, args.requests)
+            others.close()  # the rest of the table has the cores to one proxy
+            base = first[0]
             rates = {c: requests_per_second(base, c, max(2, 64 // c), 8) for c in (1, 8, 32)}
-            latencies, failed, served = publish_under_load(base, store, adapters[:4])
+            latencies, failed, served = publish_under_load(base, stores[0], adapters[:4])
         # Without prepared slots the first version of a LoRA shape is loaded by peft, which
         # makes its slots; every later one is copied into a free slot.
         started = time.perf_counter()
@@ -355,11 +403,22 @@ def proxy_table(args: argparse.Namespace) -> Table:
         idle_publish = time.perf_counter() - started
         engine.close()
     stdlib, with_httpx = measured.diffs(measured.stdlib), measured.diffs(measured.httpx)
-    table.add_row("engine direct p50, 1 token", _ms(statistics.median(measured.direct)), "")
-    table.add_row("through proxy p50, 1 token", _ms(statistics.median(measured.stdlib)), "")
-    table.add_row("proxy overhead p50", _ms(statistics.median(stdlib)), "<= 2 ms")
-    table.add_row("proxy overhead p99", _ms(percentile(stdlib, 0.99)), "")
-    table.add_row("  with httpx as the client, p50", _ms(statistics.median(with_httpx)), "")
+    every = [d for process in stdlib for d in process]
+    table.add_row("engine direct p50, 1 token", _ms(_median(measured.direct)), "")
+    table.add_row("through proxy p50, 1 token", _ms(_median(measured.stdlib)), "")
+    table.add_row(
+        f"proxy overhead p50 ({args.servers} processes x {args.requests})",
+        _ms(statistics.median(every)),
+        "<= 2 ms",
+    )
+    table.add_row(
+        "  p50 of each process", " / ".join(f"{statistics.median(p) * 1e3:.2f}" for p in stdlib), ""
+    )
+    table.add_row("proxy overhead p99", _ms(percentile(every, 0.99)), "")
+    table.add_row(
+        "  floor: round trip to a no-op server p50", _ms(statistics.median(measured.floor)), ""
+    )
+    table.add_row("  with httpx as the client, p50", _ms(_median(with_httpx)), "")
     table.add_row("CPU per request, engine direct", _ms(measured.cpu_direct), "")
     table.add_row("CPU per request, proxy process", _ms(measured.cpu_proxy), "")
     for concurrency, rate in rates.items():
@@ -399,7 +458,10 @@ def throughput_table(args: argparse.Namespace) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=200, help="overhead samples")
+    parser.add_argument(
+        "--requests", type=int, default=150, help="overhead rounds for each proxy process"
+    )
+    parser.add_argument("--servers", type=int, default=3, help="proxy processes for overhead")
     parser.add_argument("--tokens", type=int, default=32, help="tokens a throughput request")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (smollm2 rows)")
     parser.add_argument("--skip-vllm", action="store_true")
