@@ -62,16 +62,8 @@ class EpisodeRecorder(gym.Wrapper[Any, Any, Any, Any]):
 
 
 class _Unsupported(ThreadedAsync):
-    """The engine methods a policy view does not serve; it streams its whole reply at once."""
-
-    def generate(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Completion:
-        raise NotImplementedError
+    """The engine methods a policy view does not serve; it streams its whole reply at once
+    (subclasses define `generate`; the async ones run it on threads)."""
 
     def stream(
         self,
