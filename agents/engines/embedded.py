@@ -14,6 +14,7 @@ log-probs are comparable with the rollout's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -153,14 +154,11 @@ class EmbeddedEngine:
         """`generate` on an event loop: the scheduler wakes the loop once, at the end."""
         sink = LoopSink(wake_on=lambda item: item is END or isinstance(item, BaseException))
         reply = _Reply(self, self._submit(messages, tools, sampling, adapter, sink), False)
-        try:
-            while True:
-                for item in await sink.take():
-                    if item is END:
-                        return reply.completion()
-                    reply.add(item)
-        finally:
-            reply.request.cancelled = True
+        async with contextlib.aclosing(self._aevents(reply, sink)) as items:
+            async for item in items:  # without deltas, the completion is the only item
+                assert isinstance(item, Completion)
+                return item
+        raise RuntimeError("the engine's stream ended without a completion")
 
     def astream(
         self,
