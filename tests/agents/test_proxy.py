@@ -319,8 +319,42 @@ def test_the_loop_leaves_wal_checkpoints_to_a_worker_thread(tiny_engine, tmp_pat
         for _ in range(7):
             create(client)
     assert len(checkpoints) == 2  # after turns 3 and 6
-    assert served._loop_thread is not None and served._loop_thread not in checkpoints
+    loop_thread = served._checkpoints._loop_thread
+    assert loop_thread is not None and loop_thread not in checkpoints
     assert store.count_turns() == 7
+    store.close()
+
+
+def test_checkpoints_keep_the_log_bounded_while_writes_never_stop(tmp_path, monkeypatch):
+    """Turns written back to back on the loop, as fast as the store takes them: writes
+    wait for each checkpoint, so the log starts over after it. (Writes that went on during
+    checkpoints left a 35 MB log after 2000 turns.)"""
+    import asyncio
+
+    from agents import proxy
+    from agents.trajectory import Session
+    from tests.agents.test_trajectory import make_turn
+
+    monkeypatch.setattr(proxy, "CHECKPOINT_TURNS", 32)
+    store = Store(tmp_path / "store.sqlite")
+    store.add_session(Session("s", "live"))
+    checkpoints = proxy._Checkpoints(store)
+    ran: list[int] = []
+    original = store.checkpoint
+    monkeypatch.setattr(store, "checkpoint", lambda: (ran.append(1), original())[1])
+
+    async def write_back_to_back() -> None:
+        for index in range(2000):
+            await checkpoints.writable()
+            store.add_turn(make_turn(index=index))
+            checkpoints.wrote(1)
+            await asyncio.sleep(0)  # what a request's other awaits give the loop
+
+    asyncio.run(write_back_to_back())
+    assert store.count_turns() == 2000
+    assert len(ran) == 2000 // 32
+    # About 4 pages a turn: 32 turns between two checkpoints is about 0.6 MB.
+    assert (tmp_path / "store.sqlite-wal").stat().st_size < 2_000_000
     store.close()
 
 
