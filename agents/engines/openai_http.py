@@ -42,6 +42,10 @@ class BadRequestError(ServerError, ValueError):
     a bad tool schema, an unknown model): a `ValueError`, as engines raise for bad input."""
 
 
+KEEPALIVE_S = 2.0
+"""How long an idle connection is kept for the next request."""
+
+
 class OpenAIHTTP:
     """A small synchronous client for one OpenAI-compatible base URL (ending in `/v1`).
 
@@ -54,8 +58,13 @@ class OpenAIHTTP:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
-        # Enough connections for every request a proxy keeps in flight at once.
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+        # Enough connections for every request a proxy keeps in flight at once. An idle
+        # connection is dropped after 2 s: servers on uvicorn (vLLM's) close theirs after
+        # 5 s, httpx's own default, and a request sent on a connection as the server closes
+        # it fails ("Server disconnected without sending a response").
+        limits = httpx.Limits(
+            max_connections=512, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S
+        )
         self._client = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, limits=limits
         )

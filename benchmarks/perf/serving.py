@@ -45,6 +45,7 @@ from rich.table import Table
 from agents import models
 from agents.engines.base import Engine, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
+from agents.engines.openai_http import KEEPALIVE_S
 from agents.engines.vllm_server import free_port
 from agents.store import Store
 
@@ -356,7 +357,12 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
     rows: list[tuple[str, int, float | str]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.sqlite") as store:
-            with in_thread(engine, store) as (url, _), httpx.Client(timeout=600) as client:
+            # Idle connections dropped before the proxy's uvicorn closes them (after 5 s).
+            limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+            with (
+                in_thread(engine, store) as (url, _),
+                httpx.Client(timeout=600, limits=limits) as client,
+            ):
                 direct_one = engine_one(engine, args.tokens)
                 proxied_one = proxy_one(client, url.removesuffix("/v1"), args.tokens)
                 for concurrency in (1, 16):
