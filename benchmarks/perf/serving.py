@@ -161,9 +161,8 @@ def overhead(engine: Engine, servers: list[tuple[str, int]], floor: str, request
             noop.getresponse().read()
             if number >= 5:
                 floors.append(time.perf_counter() - started)
-            for index, ((base, pid), connection) in enumerate(
-                zip(servers, connections, strict=True)
-            ):
+            for index in [(number + k) % count for k in range(count)]:  # each first in turn
+                (base, pid), connection = servers[index], connections[index]
                 started, cpu = time.perf_counter(), time.process_time()
                 engine.generate(MESSAGES, sampling=one)
                 ended, cpu_ended = time.perf_counter(), time.process_time()
