@@ -160,6 +160,8 @@ def in_thread(
     and the tests start the proxy); port 0 takes a free one. Yields the base URL (`.../v1`)."""
     import uvicorn
 
+    from agents.http_protocol import CoalescingHttpProtocol
+
     proxy = Proxy(engine, store, config)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -167,6 +169,7 @@ def in_thread(
     server = uvicorn.Server(
         uvicorn.Config(
             proxy.app,
+            http=CoalescingHttpProtocol,
             log_level="warning",
             lifespan="off",
             access_log=False,
@@ -190,6 +193,8 @@ def in_thread(
 def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
+    from agents.http_protocol import CoalescingHttpProtocol
+
     config = parse_args(sys.argv[1:] if argv is None else argv)
     # The engine thread holds the GIL through the Python part of each forward pass; a
     # request thread that wakes meanwhile waits up to the switch interval (5 ms by
@@ -207,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         uvicorn.run(
             proxy.app,
+            http=CoalescingHttpProtocol,
             host=config.host,
             port=config.port,
             log_level=config.log_level,
