@@ -1,6 +1,7 @@
 """An HTTP server that answers every request at once with a fixed chat completion, on the
-same stack as the proxy (uvicorn, uvloop, httptools): the floor under the proxy's overhead
-in `benchmarks.perf.serving` (the client, the loopback, waking an idle process).
+same stack as the proxy (uvicorn, uvloop, httptools with coalesced writes): the floor
+under the proxy's overhead in `benchmarks.perf.serving` (the client, the loopback, waking
+an idle process).
 
     python -m benchmarks.perf.noop_server PORT
 """
@@ -33,7 +34,15 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def main() -> None:
     import uvicorn
 
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    from agents.http_protocol import CoalescingHttpProtocol
+
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        log_level="warning",
+        http=CoalescingHttpProtocol,
+    )
 
 
 if __name__ == "__main__":
