@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -93,12 +93,7 @@ class AssistantActionSpace(gym.Space[Action]):
         names = [*self.tool_names, "no_such_tool"]
         name = names[int(rng.integers(len(names)))]
         arguments = _random_text(rng) if kind == 1 else json.dumps({"x": _random_text(rng)})
-        call = {
-            "id": "call_0",
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        return {"role": "assistant", "content": None, "tool_calls": [call]}
+        return tool_calls_message([(name, arguments)])
 
     @property
     def is_np_flattenable(self) -> bool:
@@ -111,6 +106,29 @@ class AssistantActionSpace(gym.Space[Action]):
 def _random_text(rng: np.random.Generator) -> str:
     alphabet = string.ascii_letters + string.digits + ' {}":,'
     return "".join(alphabet[i] for i in rng.integers(len(alphabet), size=int(rng.integers(1, 24))))
+
+
+def tool_calls_message(
+    calls: Sequence[tuple[str, Mapping[str, Any] | str]], id_prefix: str = "call"
+) -> Message:
+    """An assistant message calling tools, in OpenAI's format: `(name, arguments)` pairs,
+    the arguments a mapping (JSON-encoded here) or a JSON string sent as it is; the calls'
+    ids are `{id_prefix}_0`, `{id_prefix}_1`, ..."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"{id_prefix}_{index}",
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+            for index, (name, arguments) in enumerate(calls)
+        ],
+    }
 
 
 def error_message(text: str) -> Message:

@@ -58,26 +58,26 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-@contextmanager
-def proxy_process(store: Path, *args: str) -> Iterator[tuple[str, int]]:
+def proxy_process(store: Path, *args: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
     """`python -m agents.serve` on a free port; yields its base URL (without /v1), pid."""
     port = free_port()
-    command = [sys.executable, "-m", "agents.serve", f"port={port}", f"store={store}", *args]
-    server = subprocess.Popen(command, env={**os.environ, "CLAWGYM_API_KEY": ""})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, server)
-        yield base, server.pid
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    command = ["-m", "agents.serve", f"port={port}", f"store={store}", *args]
+    return _server_process(port, command, env={**os.environ, "CLAWGYM_API_KEY": ""})
+
+
+def noop_process() -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """`benchmarks.perf.noop_server` on a free port; yields its base URL and pid."""
+    port = free_port()
+    return _server_process(port, ["-m", "benchmarks.perf.noop_server", str(port)])
 
 
 @contextmanager
-def noop_process() -> Iterator[tuple[str, int]]:
-    """`benchmarks.perf.noop_server` on a free port; yields its base URL and pid."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "benchmarks.perf.noop_server", str(port)])
+def _server_process(
+    port: int, arguments: list[str], env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """`python *arguments`, serving on `port`, stopped on exit; yields its base URL and
+    pid once its `/healthz` answers."""
+    server = subprocess.Popen([sys.executable, *arguments], env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, server)

@@ -8,14 +8,21 @@ earns 1 and ends the episode; a wrong one earns 0 and ends it too.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from envs.arith.tasks import ArithTask, evaluate, load_tasks
-from envs.core import Action, AgentEnv, Message, Reply, ToolResult, error_message
+from envs.core import (
+    Action,
+    AgentEnv,
+    Message,
+    Reply,
+    ToolResult,
+    error_message,
+    tool_calls_message,
+)
 from envs.tools import Tool
 
 SYSTEM_PROMPT = (
@@ -112,14 +119,5 @@ class ArithReferenceAgent:
         assert task is not None
         last = observation[-1]
         if last.get("role") == "tool" and last.get("name") == "calculator":
-            return _call("submit", json.dumps({"answer": float(last["content"])}))
-        return _call("calculator", json.dumps({"expression": task.expression}))
-
-
-def _call(name: str, arguments: str) -> Message:
-    call = {
-        "id": f"call_{name}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
+            return tool_calls_message([("submit", {"answer": float(last["content"])})])
+        return tool_calls_message([("calculator", {"expression": task.expression})])

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envs.core import Action, Message
+from envs.core import Action, Message, tool_calls_message
 from envs.gui.render import Element, parse_rendering
 
 Call = tuple[str, dict[str, Any]]
@@ -396,18 +396,7 @@ class ScriptedGUIAgent:
         utterance, elements = parse_rendering(view_text)
         calls = self.solver(View(utterance, tuple(elements), self.turn))
         self.turn += 1
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": f"call_{self.turn}_{i}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)},
-                }
-                for i, (name, args) in enumerate(calls)
-            ],
-        }
+        return tool_calls_message(calls, id_prefix=f"call_{self.turn}")
 
 
 def _is_page_view(message: Message) -> bool:

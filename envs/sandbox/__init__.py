@@ -2,7 +2,14 @@
 (`bwrap`, `docker`), and `make_sandbox` to pick one by name ("auto": docker when a daemon
 answers, else bwrap)."""
 
-from envs.sandbox.base import ExecResult, Sandbox, SandboxClosed, SandboxConfig, SandboxError
+from envs.sandbox.base import (
+    ExecResult,
+    Sandbox,
+    SandboxClosed,
+    SandboxConfig,
+    SandboxError,
+    closed_on_failure,
+)
 from envs.sandbox.factory import SandboxPool, make_sandbox, resolve_backend
 
 __all__ = [
@@ -12,6 +19,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "SandboxPool",
+    "closed_on_failure",
     "make_sandbox",
     "resolve_backend",
 ]

@@ -25,8 +25,10 @@ import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from envs.sandbox.output import StreamEnd
 
@@ -36,6 +38,8 @@ STDOUT, STDERR = 1, 2
 TIMEOUT_EXIT_CODE = 124  # what coreutils' `timeout` returns
 _STATE_FILE = "/tmp/.clawgym-shell-state"
 _GRACE_SECONDS = 1.0  # after a timeout kill, how long the shell gets to report back
+
+S = TypeVar("S", bound="Sandbox")
 
 
 class SandboxError(RuntimeError):
@@ -391,6 +395,21 @@ class Sandbox(ABC):
         channel, self._channel = self._channel, None
         if channel is not None:
             channel.close()
+
+
+@contextmanager
+def closed_on_failure(sandbox: S) -> Iterator[S]:
+    """Yields `sandbox` and closes it if the block raises: a sandbox that failed to start
+    or to be filled leaves no process or workspace behind.
+
+        with closed_on_failure(make_sandbox(backend, config)) as sandbox:
+            sandbox.start()
+    """
+    try:
+        yield sandbox
+    except BaseException:
+        sandbox.close()
+        raise
 
 
 def _quote(text: str) -> str:

@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Literal
 
-from envs.sandbox.base import Sandbox, SandboxConfig
+from envs.sandbox.base import Sandbox, SandboxConfig, closed_on_failure
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +86,8 @@ class SandboxPool:
             sandbox.close()
 
     def _make(self) -> Sandbox:
-        sandbox = make_sandbox(self.backend, self.config)
-        try:
+        with closed_on_failure(make_sandbox(self.backend, self.config)) as sandbox:
             sandbox.start()
-        except BaseException:
-            sandbox.close()
-            raise
         return sandbox
 
     def _refill(self) -> None:

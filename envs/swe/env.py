@@ -13,14 +13,21 @@ copy, runs the FAIL_TO_PASS and PASS_TO_PASS tests and lets swebench decide. Rew
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from envs.core import Action, AgentEnv, Message, ScriptedAgent, ToolResult, run_episode
+from envs.core import (
+    Action,
+    AgentEnv,
+    Message,
+    ScriptedAgent,
+    ToolResult,
+    run_episode,
+    tool_calls_message,
+)
 from envs.sandbox import Sandbox, SandboxConfig, SandboxError
 from envs.swe.grading import REWARDS, Prediction, Report, grade, project_of, write_predictions
 from envs.swe.instances import SHIPPED, SWEInstance, load_instances, select_split
@@ -356,9 +363,9 @@ class SWEReferenceAgent:
         instance = self.env.instance
         assert instance is not None
         if observation and observation[-1].get("name") == "bash":
-            return _call("submit", "{}")
+            return tool_calls_message([("submit", {})])
         command = f"cd {TESTBED} && git apply <<'__GOLD_PATCH__'\n{instance.patch}__GOLD_PATCH__"
-        return _call("bash", json.dumps({"command": command}))
+        return tool_calls_message([("bash", {"command": command})])
 
 
 def evaluate(
@@ -374,12 +381,3 @@ def evaluate(
         reports.append(report)
     write_predictions(folder, predictions, reports)
     return reports
-
-
-def _call(name: str, arguments: str) -> Message:
-    call = {
-        "id": f"call_{name}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [call]}

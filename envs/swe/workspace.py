@@ -26,7 +26,14 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from envs.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox, resolve_backend
+from envs.sandbox import (
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    closed_on_failure,
+    make_sandbox,
+    resolve_backend,
+)
 from envs.swe.sources import TESTBED, Project, tree
 
 logger = logging.getLogger(__name__)
@@ -174,12 +181,10 @@ class Workspaces:
             sandbox: Sandbox = DockerSandbox(config, image=ensure_image(project))
         else:
             sandbox = make_sandbox("bwrap", config)
-            _copy_tree(tree(project), sandbox)
-        try:
+        with closed_on_failure(sandbox):
+            if self.backend != "docker":
+                _copy_tree(tree(project), sandbox)  # the image has the tree already
             sandbox.start()
-        except BaseException:
-            sandbox.close()
-            raise
         return sandbox
 
     def _refill(self, project: Project) -> None:

@@ -9,17 +9,17 @@ first, the task is graded all the same. Task sets and graders are in `tasks.py` 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from envs.core import Action, AgentEnv, Message, ToolResult
+from envs.core import Action, AgentEnv, Message, ToolResult, tool_calls_message
 from envs.sandbox import (
     Sandbox,
     SandboxConfig,
     SandboxError,
     SandboxPool,
+    closed_on_failure,
     make_sandbox,
     resolve_backend,
 )
@@ -196,12 +196,8 @@ class TerminalEnv(AgentEnv):
             if config not in self._pools:
                 self._pools[config] = SandboxPool(self.backend, config, self.pool_size)
             return self._pools[config].take()
-        sandbox = make_sandbox(self.backend, config)
-        try:
+        with closed_on_failure(make_sandbox(self.backend, config)) as sandbox:
             sandbox.start()
-        except BaseException:
-            sandbox.close()
-            raise
         return sandbox
 
     def _close_sandbox(self) -> None:
@@ -228,14 +224,5 @@ class TerminalReferenceAgent:
         task = self.env.task
         assert task is not None
         if observation and observation[-1].get("name") == "bash":
-            return _call("submit", "{}")
-        return _call("bash", json.dumps({"command": task.solution}))
-
-
-def _call(name: str, arguments: str) -> Message:
-    call = {
-        "id": f"call_{name}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
+            return tool_calls_message([("submit", {})])
+        return tool_calls_message([("bash", {"command": task.solution})])

@@ -23,11 +23,10 @@ a value of another type runs on the backend, which answers it as it does in BFCL
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from envs.core import ERROR_PREFIX, Action, AgentEnv, Message, Reply
+from envs.core import ERROR_PREFIX, Action, AgentEnv, Message, Reply, tool_calls_message
 from envs.toolcall import bfcl
 from envs.toolcall.multiturn import BackendEntry, BackendSandbox
 from envs.toolcall.tasks import ToolCallTask, load_task_set
@@ -316,11 +315,13 @@ class ToolCallReferenceAgent:
             self._actions = tau2_actions(task.data) if task.kind == "tau2" else []
         if task.kind == "bfcl_single":
             calls = bfcl.reference_calls(task.data, task.category)
-            return _calls(calls) if calls else "None of these functions fits the request."
+            if not calls:
+                return "None of these functions fits the request."
+            return tool_calls_message(calls)
         if task.kind == "bfcl_multi":
             return self._multi_turn(task)
         if self._actions:
-            return _calls([self._actions.pop(0)])
+            return tool_calls_message([self._actions.pop(0)])
         return " ".join(communicate_info(task.data)) or "Your request is done."
 
     def _multi_turn(self, task: ToolCallTask) -> Action:
@@ -330,19 +331,4 @@ class ToolCallReferenceAgent:
             return "Done."
         self._issued.add(turn)
         docs = task.data["function"] + [d for ds in task.data["held_out"].values() for d in ds]
-        return _calls([bfcl.parse_call_string(call, docs) for call in truth])
-
-
-def _calls(calls: Sequence[tuple[str, dict[str, Any]]]) -> Message:
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
-            for i, (name, arguments) in enumerate(calls)
-        ],
-    }
+        return tool_calls_message([bfcl.parse_call_string(call, docs) for call in truth])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
+from envs.sandbox import Sandbox, SandboxConfig, SandboxError, closed_on_failure, make_sandbox
 from envs.toolcall.bfcl import Check, package_root
 
 logger = logging.getLogger(__name__)
@@ -112,13 +112,10 @@ class BackendSandbox:
     def __init__(self, backend: str = "bwrap", timeout: float = 60.0):
         config = SandboxConfig(readonly=(BUNDLE_DIR,), timeout=timeout, memory_mb=1024)
         self.timeout = timeout
-        self.sandbox: Sandbox = make_sandbox(backend, config)
-        try:
-            self.sandbox.start()
-            self.sandbox.write_file(BUNDLE, bundle())
-        except BaseException:
-            self.sandbox.close()
-            raise
+        with closed_on_failure(make_sandbox(backend, config)) as sandbox:
+            sandbox.start()
+            sandbox.write_file(BUNDLE, bundle())
+        self.sandbox: Sandbox = sandbox
 
     def execute(
         self, entry: BackendEntry, history: Sequence[Sequence[str]], calls: Sequence[str]

@@ -4,7 +4,7 @@ from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401
 from envs.arith.env import ArithEnv
-from envs.core import ERROR_PREFIX, IdleAgent, parse_action, run_episode
+from envs.core import ERROR_PREFIX, IdleAgent, parse_action, run_episode, tool_calls_message
 from envs.registry import registered_ids
 from envs.tools import ToolCallError
 
@@ -123,3 +123,20 @@ def test_plain_string_is_content():
 def test_max_turns_below_two_is_refused():
     with pytest.raises(ValueError, match="max_turns"):
         ArithEnv(max_turns=1)
+
+
+def test_tool_calls_message_encodes_mappings_and_keeps_strings_as_sent():
+    message = tool_calls_message([("calculator", {"expression": "1+2"}), ("submit", "{bad")], "c")
+    assert message == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "1+2"}'},
+            },
+            {"id": "c_1", "type": "function", "function": {"name": "submit", "arguments": "{bad"}},
+        ],
+    }
+    assert parse_action(message)[1] == message["tool_calls"]

@@ -11,6 +11,7 @@ from envs.sandbox import (
     SandboxConfig,
     SandboxError,
     SandboxPool,
+    closed_on_failure,
     make_sandbox,
     resolve_backend,
 )
@@ -78,6 +79,19 @@ def test_close_is_idempotent_and_later_use_is_an_error(sandbox):
     assert sandbox.closed
     with pytest.raises(SandboxClosed):
         sandbox.exec("true")
+
+
+def test_closed_on_failure_closes_only_a_sandbox_whose_setup_raised(sandbox):
+    with closed_on_failure(sandbox) as same:
+        same.write_file("/tmp/ok", "fine")
+    assert same is sandbox and not sandbox.closed
+    with pytest.raises(SandboxError, match="setup broke"):
+        with closed_on_failure(sandbox):
+            sandbox.write_file("/tmp/half", "copied")
+            raise SandboxError("setup broke")
+    assert sandbox.closed
+    with pytest.raises(SandboxClosed):
+        sandbox.exec("cat /tmp/half")
 
 
 def test_close_from_another_thread_cancels_a_running_command(sandbox):
