@@ -178,12 +178,12 @@ class Workspaces:
         if self.backend == "docker":
             from envs.sandbox.docker import DockerSandbox
 
-            sandbox: Sandbox = DockerSandbox(config, image=ensure_image(project))
-        else:
-            sandbox = make_sandbox("bwrap", config)
-        with closed_on_failure(sandbox):
-            if self.backend != "docker":
-                _copy_tree(tree(project), sandbox)  # the image has the tree already
+            # The project's image holds its tree already.
+            with closed_on_failure(DockerSandbox(config, image=ensure_image(project))) as docker:
+                docker.start()
+            return docker
+        with closed_on_failure(make_sandbox("bwrap", config)) as sandbox:
+            _copy_tree(tree(project), sandbox)
             sandbox.start()
         return sandbox
 
