@@ -7,15 +7,28 @@
 
 `parse_tool_calls` turns such text into an OpenAI assistant message. A block that is not
 valid JSON stays in the content, so the environment sees exactly what the model wrote.
+Engines build their messages with `assistant_message`, which parses calls only for a
+request that offered tools.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def assistant_message(text: str, tools: Sequence[Any] | None) -> dict[str, Any]:
+    """The assistant message of a completion's text, with tool calls only when the request
+    offered `tools`: OpenAI's API returns none to a request without tools (or with
+    `tool_choice: "none"`, for which the proxy offers none), so there any markup the model
+    wrote is plain content."""
+    if tools:
+        return parse_tool_calls(text)
+    return {"role": "assistant", "content": text.strip()}
 
 
 def parse_tool_calls(text: str, id_prefix: str = "call") -> dict[str, Any]:

@@ -26,12 +26,18 @@ pass whose rows all run on the base model switches peft's LoRA layers off and sk
 
 All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
 reach it through a queue per request and futures for one-off jobs.
+
+Failures stay as local as the work they break: a request whose sampling or stop check
+raises fails alone; a prefill that raises fails only the requests it admits (retried one at
+a time, to spare all but the culprit); a decode step that raises fails the rows sharing it.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -225,16 +231,16 @@ class Scheduler:
                 self._run_jobs(jobs)
                 if len({s.shape for s in self._slots.values()}) > 1:
                     self._drop_slots()
-                try:
-                    if admitted:
-                        self._prefill(admitted)
-                        self._run_jobs(self._take_jobs())  # a long prefill delays no job twice
-                    if self._batch is not None:
+                if admitted:
+                    self._admit(admitted)
+                    self._run_jobs(self._take_jobs())  # a long prefill delays no job twice
+                if self._batch is not None:
+                    try:
                         self._step()
-                except Exception as error:  # a broken step fails its requests, not the engine
-                    logger.exception("engine step failed")
-                    self._fail([*admitted, *(self._batch.rows if self._batch else [])], error)
-                    self._batch = None
+                    except Exception as error:  # a broken step fails its rows, not the engine
+                        logger.exception("engine step failed")
+                        self._fail(self._batch.rows, error)
+                        self._batch = None
         self._fail([*self._waiting, *(self._batch.rows if self._batch else [])], None)
         for _, future in self._jobs:
             future.set_exception(RuntimeError("the engine is closed"))
@@ -268,6 +274,24 @@ class Scheduler:
         self._retire(requests)
         for request in requests:
             request.events.put(error or RuntimeError("the engine is closed"))
+
+    def _admit(self, requests: list[Request]) -> None:
+        """Prefills requests into the batch; a prefill that fails fails only its requests.
+
+        The running rows are untouched: their cache changes only at the merge, after the
+        prefill. A group that fails before any of its requests got a token is tried again
+        one request at a time, so that one request's prompt (one too long for memory, say)
+        fails no other.
+        """
+        try:
+            self._prefill(requests)
+        except Exception as error:
+            if len(requests) > 1 and not any(r.ids for r in requests):
+                for request in requests:
+                    self._admit([request])
+                return
+            logger.exception("prefill failed")
+            self._fail(requests, error)
 
     def _prefill(self, requests: list[Request]) -> None:
         width = max(len(r.prompt_ids) for r in requests)
@@ -308,15 +332,20 @@ class Scheduler:
     ) -> tuple[torch.Tensor, DynamicCache]:
         """Raw log-probs (log-softmax at temperature 1) of each row's next token."""
         model, extra = self.lora_model([r.adapter for r in rows])
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
+        try:
+            out = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+            )
+        except Exception:
+            if "adapter_names" in extra:
+                _drop_row_hooks(model)
+            raise
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.past_key_values
 
     def lora_model(self, adapters: list[str | None]) -> tuple[Any, dict[str, Any]]:
@@ -354,9 +383,15 @@ class Scheduler:
         """Picks each row's next token; returns which rows are finished."""
         batch.last, done = [], []
         for row, request in enumerate(batch.rows):
-            token = pick(logprobs[row], request.sampling, request.generator)
+            try:
+                token = pick(logprobs[row], request.sampling, request.generator)
+                finished = request.record(token, float(logprobs[row, token]), self.eos_ids)
+            except Exception as error:  # one request's sampling or stop check fails it alone
+                logger.exception("sampling a request failed")
+                request.events.put(error)
+                token, finished = 0, True  # its row is dropped: the token is never fed
             batch.last.append(token)
-            done.append(request.record(token, float(logprobs[row, token]), self.eos_ids))
+            done.append(finished)
         return done
 
     # -- adapters ------------------------------------------------------------------------
@@ -487,6 +522,18 @@ def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:
         future.set_exception(error)
 
 
+def _drop_row_hooks(peft: Any) -> None:
+    """Removes the hooks that give each row its adapter, left behind by a forward pass that
+    raised: peft registers them for one pass but removes them only when it returns (peft
+    issue #3475), and each later pass would then fail with the stale rows' adapters."""
+    for module in peft.modules():
+        hooks = module._forward_pre_hooks
+        for key, hook in list(hooks.items()):
+            if isinstance(hook, functools.partial) and "adapter_names" in hook.keywords:
+                del hooks[key]
+                module._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
 def _drop(batch: _Batch, gone: list[bool]) -> _Batch | None:
     """The batch without the rows flagged `gone`, trimmed of all-padding columns."""
     if not any(gone):
@@ -540,13 +587,38 @@ def pick(
     logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
 ) -> int:
     """Samples one token id from raw log-probs with the request's temperature and top-p."""
-    if sampling.temperature == 0.0:
+    weights = sampling_weights(logprobs, sampling.temperature, sampling.top_p)
+    if weights is None:
         return int(logprobs.argmax())
-    probs = torch.softmax(logprobs / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
+    return int(torch.multinomial(weights, 1, generator=generator))
+
+
+def sampling_weights(
+    logprobs: torch.Tensor, temperature: float, top_p: float
+) -> torch.Tensor | None:
+    """What the next token is drawn from: weights (`torch.multinomial` normalizes them),
+    valid for every legal temperature and top-p, or None for greedy.
+
+    Greedy at temperature 0, and at a temperature so small that even the likeliest token's
+    scaled log-prob leaves the float range (1e-40 scales -1 to -inf in float32; 5e-324 is 0
+    there): the softmax of all -inf is NaN, and greedy is the limit anyway. Otherwise every
+    scaled log-prob is at most a finite maximum, so the softmax is valid, and top-p keeps the
+    likeliest token always.
+    """
+    if temperature == 0.0:
+        return None
+    scaled = logprobs / temperature
+    # The likeliest log-prob is at least -log(vocabulary size), above -100: only a temperature
+    # under 1e-30 can scale it out of range, and only then is a pass over the vocabulary spent.
+    if temperature < 1e-30 and not math.isfinite(scaled.max().item()):
+        return None
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p < 1.0:
         ordered, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = ordered.cumsum(-1) - ordered >= sampling.top_p
+        # Keep the smallest prefix whose mass reaches top_p. No mass precedes the likeliest
+        # token: a top_p that is 0 in float32 (1e-46) would drop it too, hence the floor.
+        top_p = max(top_p, torch.finfo(ordered.dtype).tiny)
+        drop = ordered.cumsum(-1) - ordered >= top_p
         ordered[drop] = 0.0
         probs = torch.zeros_like(probs).scatter(0, order, ordered)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return probs

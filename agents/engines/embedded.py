@@ -10,6 +10,10 @@ publishing copies the new weights into a preallocated slot (`agents.engines.lora
 Log-probs are the model's raw ones (log-softmax of the logits at temperature 1, before
 temperature and top-p), as vLLM reports them by default, so that the learner's recomputed
 log-probs are comparable with the rollout's.
+
+A prompt longer than the context is refused before it is queued: by its tokens, or, before
+tokenizing it, by its characters where they cannot fit whatever the tokens
+(`agents.engines.char_bound`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from agents.engines.base import (
     ToolSchema,
 )
 from agents.engines.batching import END, EventSink, Request, Scheduler
-from agents.toolcalls import parse_tool_calls
+from agents.engines.char_bound import char_bound, request_chars
+from agents.toolcalls import assistant_message
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class EmbeddedEngine:
         self.model_name = model
         self.model, self.tokenizer = models.load(model)
         self.context_length = context_length or int(self.model.config.max_position_embeddings)
+        self._char_bound = char_bound(self.tokenizer)
         self._scheduler = Scheduler(self.model, self._eos_ids(), max_batch, threads)
 
     @property
@@ -85,7 +91,7 @@ class EmbeddedEngine:
     ) -> Completion:
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         request = self._submit(messages, tools, sampling, adapter, events)
-        *_, completion = self._events(request, events, False)
+        *_, completion = self._events(request, events, False, tools)
         assert isinstance(completion, Completion)
         return completion
 
@@ -99,7 +105,8 @@ class EmbeddedEngine:
         """Queues the request at once (bad input raises here, not on the first `next`);
         closing the iterator early cancels it."""
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        return self._events(self._submit(messages, tools, sampling, adapter, events), events, True)
+        request = self._submit(messages, tools, sampling, adapter, events)
+        return self._events(request, events, True, tools)
 
     def _submit(
         self,
@@ -114,6 +121,7 @@ class EmbeddedEngine:
             raise ValueError(
                 f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
             )
+        self._refuse_overlong(messages, tools)
         prompt_ids = self.encode(messages, tools)
         room = self.context_length - len(prompt_ids)
         if room < 1:
@@ -130,12 +138,44 @@ class EmbeddedEngine:
             events=events,
         )
 
+    def _refuse_overlong(
+        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None
+    ) -> None:
+        """Refuses, before tokenizing it, a prompt with more characters than the context's
+        tokens can hold: tokenizing takes most of a second a megabyte (13 s for 20 MB on
+        SmolLM2's tokenizer, measured), on the proxy's event loop.
+
+        Counting the request's strings takes microseconds. Only a request whose count is over
+        the bound is rendered (under a millisecond a megabyte), and refused if its rendered
+        text is over the bound too: a template may leave out part of a request (an image, a
+        past turn's reasoning), so only the rendered text tests it exactly.
+        """
+        bound = self._char_bound
+        if bound is None:
+            return
+        if (
+            request_chars(messages) + request_chars(tools)
+            <= (self.context_length - 1) * bound.per_token
+        ):
+            return
+        text = self._template(messages, tools, tokenize=False)
+        if (least := bound.least_tokens(text)) >= self.context_length:
+            raise ValueError(
+                f"the prompt has {len(text)} characters, at least {least} tokens (a token is "
+                f"at most {bound.per_token} characters); the model's context is "
+                f"{self.context_length}: shorten the conversation"
+            )
+
     def _events(
-        self, request: Request, events: queue.SimpleQueue[Any], deltas: bool
+        self,
+        request: Request,
+        events: queue.SimpleQueue[Any],
+        deltas: bool,
+        tools: Sequence[ToolSchema] | None,
     ) -> Iterator[TokenChunk | Completion]:
         """The request's tokens as they come (with their text when `deltas`), then its
         completion."""
-        reply = _Reply(self, request, deltas)
+        reply = _Reply(self, request, deltas, tools)
         try:
             while (item := events.get()) is not END:
                 if (chunk := reply.add(item)) is not None:
@@ -153,7 +193,7 @@ class EmbeddedEngine:
     ) -> Completion:
         """`generate` on an event loop: the scheduler wakes the loop once, at the end."""
         sink = LoopSink(wake_on=lambda item: item is END or isinstance(item, BaseException))
-        reply = _Reply(self, self._submit(messages, tools, sampling, adapter, sink), False)
+        reply = _Reply(self, self._submit(messages, tools, sampling, adapter, sink), False, tools)
         async with contextlib.aclosing(self._aevents(reply, sink)) as items:
             async for item in items:  # without deltas, the completion is the only item
                 assert isinstance(item, Completion)
@@ -171,7 +211,7 @@ class EmbeddedEngine:
         scheduler hands each token to the loop; closing the iterator cancels the request."""
         sink = LoopSink()
         return self._aevents(
-            _Reply(self, self._submit(messages, tools, sampling, adapter, sink), True), sink
+            _Reply(self, self._submit(messages, tools, sampling, adapter, sink), True, tools), sink
         )
 
     async def _aevents(
@@ -195,7 +235,10 @@ class EmbeddedEngine:
         logprobs: list[float],
         sampling: SamplingParams,
         version: int,
+        tools: Sequence[ToolSchema] | None,
     ) -> Completion:
+        """The completion of a request; tool calls are parsed from its text only when the
+        request offered `tools` (`agents.toolcalls.assistant_message`)."""
         text = self.tokenizer.decode(completion_ids, skip_special_tokens=False)
         ended_by_eos = bool(completion_ids) and completion_ids[-1] in self._eos_ids()
         body = self.tokenizer.decode(completion_ids[:-1] if ended_by_eos else completion_ids)
@@ -203,7 +246,7 @@ class EmbeddedEngine:
         finished = ended_by_eos or bool(stops)
         if stops:
             body = body[: min(stops)]  # OpenAI's semantics: the stop string is not returned
-        message = parse_tool_calls(body)
+        message = assistant_message(body, tools)
         reason = "tool_calls" if message.get("tool_calls") else ("stop" if finished else "length")
         return Completion(
             message=message,
@@ -220,14 +263,18 @@ class EmbeddedEngine:
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
     ) -> list[int]:
         """Prompt token ids of a conversation, ending with the assistant's generation prompt."""
-        encoded = self.tokenizer.apply_chat_template(
+        return list(self._template(messages, tools, tokenize=True, return_dict=True)["input_ids"])
+
+    def _template(
+        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None, **options: Any
+    ) -> Any:
+        """The chat template applied to a conversation, with the generation prompt."""
+        return self.tokenizer.apply_chat_template(
             [dict(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
             add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
+            **options,
         )
-        return list(encoded["input_ids"])
 
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
@@ -289,11 +336,18 @@ class _Reply:
     """A request's items as they arrive: token chunks (with text when `deltas`), then the
     completion."""
 
-    def __init__(self, engine: EmbeddedEngine, request: Request, deltas: bool):
-        self.engine, self.request = engine, request
+    def __init__(
+        self,
+        engine: EmbeddedEngine,
+        request: Request,
+        deltas: bool,
+        tools: Sequence[ToolSchema] | None,
+    ):
+        self.engine, self.request, self.tools = engine, request, tools
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.text = _Detokenizer(engine.tokenizer) if deltas else None
+        self.eos = engine._eos_ids() if deltas else set()
 
     def add(self, item: Any) -> TokenChunk | None:
         """One item from the scheduler (not `END`): a (token, log-prob) or an error, raised."""
@@ -303,12 +357,19 @@ class _Reply:
         self.logprobs.append(item[1])
         if self.text is None:
             return None
-        return TokenChunk((item[0],), (item[1],), self.text.push(item[0]))
+        # the end-of-sequence token is no text of the reply (the completion drops it too)
+        text = "" if item[0] in self.eos else self.text.push(item[0])
+        return TokenChunk((item[0],), (item[1],), text)
 
     def completion(self) -> Completion:
         request = self.request
         return self.engine._completion(
-            request.prompt_ids, self.ids, self.logprobs, request.sampling, request.version
+            request.prompt_ids,
+            self.ids,
+            self.logprobs,
+            request.sampling,
+            request.version,
+            self.tools,
         )
 
 

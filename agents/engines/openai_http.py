@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from agents.engines.base import Completion, Message, SamplingParams, TokenChunk, ToolSchema
-from agents.toolcalls import parse_tool_calls
+from agents.toolcalls import assistant_message
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +194,11 @@ def chat_body(
     return body
 
 
-def completion_from_chat(response: Mapping[str, Any], policy_version: int) -> Completion:
-    """A `Completion` from a non-streamed chat completion (its first choice)."""
+def completion_from_chat(
+    response: Mapping[str, Any], policy_version: int, tools: Sequence[ToolSchema] | None
+) -> Completion:
+    """A `Completion` from a non-streamed chat completion (its first choice) to a request
+    that offered `tools`."""
     choice = _first_choice(response)
     message = choice.get("message") or {}
     logprobs, raw = _logprobs_of(choice)
@@ -209,13 +212,15 @@ def completion_from_chat(response: Mapping[str, Any], policy_version: int) -> Co
         finish_reason=choice.get("finish_reason"),
         usage=response.get("usage"),
         policy_version=policy_version,
+        tools=tools,
     )
 
 
 def stream_completion(
-    events: Iterator[Mapping[str, Any]], policy_version: int
+    events: Iterator[Mapping[str, Any]], policy_version: int, tools: Sequence[ToolSchema] | None
 ) -> Iterator[TokenChunk | Completion]:
-    """`TokenChunk`s from streamed chat-completion chunks, then the final `Completion`."""
+    """`TokenChunk`s from streamed chat-completion chunks, then the final `Completion`, of a
+    request that offered `tools`."""
     prompt_ids: list[int] = []
     ids: list[int] = []
     logprobs: list[float] = []
@@ -255,6 +260,7 @@ def stream_completion(
         finish_reason=finish_reason,
         usage=usage,
         policy_version=policy_version,
+        tools=tools,
     )
 
 
@@ -360,6 +366,7 @@ def _completion(
     finish_reason: str | None,
     usage: Mapping[str, Any] | None,
     policy_version: int,
+    tools: Sequence[ToolSchema] | None,
 ) -> Completion:
     if server_calls:
         message: dict[str, Any] = {
@@ -368,7 +375,7 @@ def _completion(
             "tool_calls": list(server_calls),
         }
     else:
-        message = parse_tool_calls(content)
+        message = assistant_message(content, tools)
     if message.get("tool_calls"):
         finish_reason = "tool_calls"
     counts = {

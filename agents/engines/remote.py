@@ -84,7 +84,7 @@ class RemoteEngine(ThreadedAsync):
         adapter: str | None = POLICY,
     ) -> Completion:
         body = self._body(messages, tools, sampling, adapter, stream=False)
-        return completion_from_chat(self._http.post("chat/completions", body), 0)
+        return completion_from_chat(self._http.post("chat/completions", body), 0, tools)
 
     def stream(
         self,
@@ -94,7 +94,7 @@ class RemoteEngine(ThreadedAsync):
         adapter: str | None = POLICY,
     ) -> Iterator[TokenChunk | Completion]:
         body = self._body(messages, tools, sampling, adapter, stream=True)
-        yield from stream_completion(self._http.stream("chat/completions", body), 0)
+        yield from stream_completion(self._http.stream("chat/completions", body), 0, tools)
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None

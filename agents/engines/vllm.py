@@ -178,7 +178,7 @@ class VLLMEngine(ThreadedAsync):
         body = chat_body(
             name, messages, tools, sampling or SamplingParams(), token_ids=True, logprobs=True
         )
-        return completion_from_chat(self._http.post("chat/completions", body), version)
+        return completion_from_chat(self._http.post("chat/completions", body), version, tools)
 
     def stream(
         self,
@@ -197,7 +197,7 @@ class VLLMEngine(ThreadedAsync):
             logprobs=True,
             stream=True,
         )
-        yield from stream_completion(self._http.stream("chat/completions", body), version)
+        yield from stream_completion(self._http.stream("chat/completions", body), version, tools)
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None

@@ -60,15 +60,15 @@ class ScriptedEngine(ThreadedAsync):
         ids = tokenizer.encode(self.reply, add_special_tokens=False)
         ids.append(min(self.engine._eos_ids()))
         logprobs = self.engine.score(prompt, ids, adapter)
-        return self._events(prompt, ids, logprobs, sampling or SamplingParams())
+        return self._events(prompt, ids, logprobs, sampling or SamplingParams(), tools)
 
-    def _events(self, prompt, ids, logprobs, sampling):
+    def _events(self, prompt, ids, logprobs, sampling, tools):
         shown = ""
         for end in range(1, len(ids) + 1):
             text = self.engine.tokenizer.decode(ids[:end])
             yield TokenChunk((ids[end - 1],), (logprobs[end - 1],), text[len(shown) :])
             shown = text
-        yield self.engine._completion(prompt, ids, logprobs, sampling, self.policy_version)
+        yield self.engine._completion(prompt, ids, logprobs, sampling, self.policy_version, tools)
 
     def score(self, prompt_ids, completion_ids, adapter=None):
         return self.engine.score(prompt_ids, completion_ids, adapter)

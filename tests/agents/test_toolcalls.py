@@ -1,4 +1,6 @@
-from agents.toolcalls import parse_tool_calls
+from agents.toolcalls import assistant_message, parse_tool_calls
+
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
 
 
 def test_plain_text_is_content():
@@ -36,3 +38,10 @@ def test_unterminated_call_at_the_end_still_parses():
 def test_broken_json_stays_in_the_content():
     text = "<tool_call>{name: f}</tool_call>"
     assert parse_tool_calls(text) == {"role": "assistant", "content": text}
+
+
+def test_calls_are_parsed_only_for_a_request_with_tools():
+    text = ' Calling. <tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
+    assert assistant_message(text, TOOLS)["tool_calls"][0]["function"]["name"] == "f"
+    for tools in (None, []):
+        assert assistant_message(text, tools) == {"role": "assistant", "content": text.strip()}

@@ -3,12 +3,15 @@ still get what each would get alone; adapter swaps never break a running request
 
 from __future__ import annotations
 
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from agents.engines.base import BASE, POLICY, Completion, SamplingParams
+from agents.engines.batching import pick, sampling_weights
 from agents.engines.embedded import EmbeddedEngine
 from tests.agents.engines.conftest import save_random_adapter
 
@@ -111,3 +114,117 @@ def test_a_prompt_over_the_context_is_refused_before_queueing(engine):
     huge = [{"role": "user", "content": "word " * (engine.context_length + 10)}]
     with pytest.raises(ValueError, match="context"):
         engine.stream(huge)
+
+
+# -- sampling ---------------------------------------------------------------------------
+PROBS = [0.2, 0.5, 0.3]
+LOGPROBS = torch.tensor(PROBS).log()
+
+
+@pytest.mark.parametrize(
+    "temperature, top_p, expected",
+    [
+        (1.0, 1.0, PROBS),
+        (0.5, 1.0, [0.04 / 0.38, 0.25 / 0.38, 0.09 / 0.38]),  # p**2, normalized
+        (1.0, 0.6, [0.0, 0.5, 0.3]),  # 0.5 falls short of 0.6: the next token joins
+        (1.0, 0.4, [0.0, 0.5, 0.0]),
+        (1.0, 1e-46, [0.0, 0.5, 0.0]),  # 0 in float32: the likeliest token stays
+        (1.0, 5e-324, [0.0, 0.5, 0.0]),
+        (1e-30, 1.0, [0.0, 1.0, 0.0]),  # scaled log-probs still finite: all on the likeliest
+        (1e-38, 1e-46, [0.0, 1.0, 0.0]),  # a float32 subnormal: log(0.2) / 1e-38 is finite
+    ],
+)
+def test_sampling_weights_on_hand_computed_values(temperature, top_p, expected):
+    weights = sampling_weights(LOGPROBS, temperature, top_p)
+    assert weights is not None
+    assert weights.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-40, 5e-324])
+def test_temperatures_too_small_to_divide_by_are_greedy(temperature):
+    assert sampling_weights(LOGPROBS, temperature, 1.0) is None
+    assert pick(LOGPROBS, SamplingParams(temperature=temperature), None) == 1
+
+
+def test_a_certain_token_at_a_temperature_that_is_zero_in_float32_is_greedy():
+    """log(1) / 0 is NaN, not -inf."""
+    logprobs = torch.tensor([1.0, 0.0]).log()
+    assert sampling_weights(logprobs, 5e-324, 1.0) is None
+    assert pick(logprobs, SamplingParams(temperature=5e-324), None) == 0
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-38, 1e-30, 1e-10, 1e-3, 1.0, 10.0])
+@pytest.mark.parametrize("top_p", [5e-324, 1e-46, 1e-7, 0.5, 1.0])
+def test_every_legal_sampling_value_draws_a_token(temperature, top_p):
+    logprobs = torch.randn(50_000, generator=torch.Generator().manual_seed(0)).log_softmax(-1)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p)
+    token = pick(logprobs, sampling, torch.Generator().manual_seed(1))
+    assert 0 <= token < 50_000
+    if temperature <= 1e-30 or top_p <= 1e-7:  # only the likeliest token is left
+        assert token == int(logprobs.argmax())
+
+
+def queued_together(engine, submit):
+    """Runs `submit` on the scheduler thread, so that all it queues joins one prefill."""
+    return engine._scheduler.call(submit)
+
+
+def test_extreme_sampling_values_are_served_beside_normal_requests(engine):
+    extremes = [SamplingParams(temperature=t, max_tokens=12) for t in (1e-40, 5e-324, 1e-38)]
+    extremes += [SamplingParams(temperature=1.0, top_p=p, max_tokens=12) for p in (1e-46, 5e-324)]
+    greedy = [engine.generate(p, sampling=GREEDY) for p in PROMPTS[: len(extremes)]]
+    normal = [SamplingParams(temperature=1.0, max_tokens=12, seed=n) for n in range(3)]
+    jobs = list(zip(PROMPTS, extremes + normal, strict=False))
+    streams = queued_together(engine, lambda: [engine.stream(p, sampling=s) for p, s in jobs])
+    results = [list(stream)[-1] for stream in streams]
+    for one, extreme in zip(greedy, results, strict=False):  # all but greedy
+        assert extreme.completion_token_ids == one.completion_token_ids
+        assert extreme.completion_logprobs == pytest.approx(one.completion_logprobs, abs=1e-4)
+    assert all(len(r.completion_token_ids) > 0 for r in results[len(extremes) :])
+
+
+def test_a_request_that_fails_while_sampling_fails_alone(engine):
+    alone = [engine.generate(p, sampling=GREEDY) for p in PROMPTS[:3]]
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def broken(ids):
+        raise RuntimeError("a broken stop check")
+
+    def submit():
+        streams = [engine.stream(p, sampling=GREEDY) for p in PROMPTS[:3]]
+        prompt = engine.encode(PROMPTS[3])
+        engine._scheduler.submit(prompt, GREEDY, 12, broken, use_policy=False, events=events)
+        return streams
+
+    streams = queued_together(engine, submit)
+    assert isinstance(events.get(timeout=60), tuple)  # its first token, then its error
+    assert "broken stop check" in str(events.get(timeout=60))
+    results = [list(stream)[-1] for stream in streams]
+    assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in alone]
+
+
+def test_a_prompt_that_breaks_the_prefill_fails_alone_and_running_rows_go_on(engine, tmp_path):
+    """A policy adapter makes the failed prefill a mixed batch: the pass peft leaves its
+    per-row hooks behind in when it raises."""
+    version = engine.policy_version + 1
+    engine.load_adapter(str(save_random_adapter(tmp_path / "v", seed=7)), version)
+    long = SamplingParams(temperature=0.0, max_tokens=200)
+    running_alone = engine.generate(PROMPTS[0], sampling=long)
+    alone = [engine.generate(p, sampling=GREEDY) for p in PROMPTS[1:4]]
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    running = engine.stream(PROMPTS[0], sampling=long)
+    next(running)
+
+    def submit():
+        streams = [engine.stream(p, sampling=GREEDY) for p in PROMPTS[1:4]]
+        beyond_vocabulary = [engine.model.config.vocab_size + 5]
+        engine._scheduler.submit(beyond_vocabulary, GREEDY, 4, None, False, events)
+        batch = engine._scheduler._batch
+        return streams, len(batch.rows) if batch else 0
+
+    streams, rows_running = queued_together(engine, submit)
+    assert rows_running == 1
+    assert isinstance(events.get(timeout=60), IndexError)
+    results = [list(stream)[-1] for stream in streams]
+    assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in alone]
+    assert list(running)[-1].completion_token_ids == running_alone.completion_token_ids

@@ -1,9 +1,16 @@
+import random
+import unicodedata
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from agents import models
 from agents.engines.base import BASE, POLICY, SamplingParams
+from agents.engines.char_bound import NORMALIZER_SHRINK, CharBound, char_bound, request_chars
 from agents.engines.embedded import EmbeddedEngine
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -105,6 +112,19 @@ def test_stream_yields_every_token_then_the_same_completion(tiny_engine):
     )
 
 
+def test_a_streamed_reply_that_ends_at_eos_has_no_eos_text(tiny_engine):
+    # seed 49 makes `tiny` sample its end-of-sequence token within 64 tokens
+    sampling = SamplingParams(temperature=1.0, max_tokens=64, seed=49)
+    *chunks, final = tiny_engine.stream(MESSAGES, sampling=sampling)
+    assert final.finish_reason == "stop" and final.completion_token_ids[-1] in (
+        tiny_engine._eos_ids()
+    )
+    assert chunks[-1].text == "" and "<|im_end|>" not in "".join(c.text for c in chunks)
+    assert "".join(c.text for c in chunks) == tiny_engine.tokenizer.decode(
+        final.completion_token_ids[:-1]
+    )
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -124,3 +144,150 @@ def test_text_deltas_add_up_to_the_decoded_text(tiny_engine, text):
         shown.append(deltas.push(token))
         assert tokenizer.decode(ids[:end]).startswith("".join(shown))  # never ahead
     assert "".join(shown) == tokenizer.decode(ids) == text
+
+
+# -- prompts too long in characters ------------------------------------------------------
+def byte_level_tokenizer(normalizer=None, pre_tokenizer=None, added=(), alphabet=None, unk=None):
+    """A byte-level BPE whose longest token is 日本, 6 bytes spelt as 6 characters."""
+    alphabet = alphabet or pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    merges = [("æ", "Ĺ"), ("æĹ", "¥"), ("æ", "ľ"), ("æľ", "¬"), ("æĹ¥", "æľ¬")]
+    for token in [*(left + right for left, right in merges), *([unk] if unk else [])]:
+        vocab[token] = len(vocab)
+    core = Tokenizer(tokenizer_models.BPE(vocab, merges, unk_token=unk))
+    core.normalizer = normalizer
+    core.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core)
+    tokenizer.add_tokens(list(added))
+    return tokenizer
+
+
+QWEN_PRE_TOKENIZER = pre_tokenizers.Sequence(
+    [
+        pre_tokenizers.Split(Regex(r"\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+"), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
+)
+"""Qwen2's shape: a regex split, then bytes spelt as characters."""
+
+
+def test_a_byte_level_token_stands_for_at_most_its_bytes():
+    tokenizer = byte_level_tokenizer()
+    ids = tokenizer("日本日本a", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["æĹ¥æľ¬", "æĹ¥æľ¬", "a"]
+    bound = char_bound(tokenizer)
+    assert bound == CharBound(6)  # its 2 characters are 6 bytes
+    assert bound.least_tokens("日本日本a") == 1 <= len(ids)  # 5 characters, 6 a token
+
+
+def test_one_byte_characters_a_byte_level_vocabulary_lacks_are_dropped():
+    without_4 = pre_tokenizers.ByteLevel.alphabet()
+    without_4.remove("Ą")  # byte 4's spelling
+    tokenizer = byte_level_tokenizer(alphabet=without_4)
+    text = "\x04" * 100 + "日本"
+    assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1
+    bound = char_bound(tokenizer)
+    assert bound == CharBound(6, "\x04")
+    assert bound.least_tokens(text) == 1  # 2 characters kept of 102
+
+
+@pytest.mark.parametrize(
+    "tokenizer, bound",
+    [
+        (lambda: byte_level_tokenizer(added=["<|a-long-added-token|>"]), CharBound(22)),
+        (lambda: byte_level_tokenizer(normalizers.NFC()), CharBound(24)),  # 4 compose to 1
+        (lambda: byte_level_tokenizer(pre_tokenizer=QWEN_PRE_TOKENIZER), CharBound(6)),
+        (lambda: byte_level_tokenizer(normalizers.Strip()), None),  # strips any number
+        (lambda: byte_level_tokenizer(pre_tokenizer=pre_tokenizers.Whitespace()), None),
+        (lambda: byte_level_tokenizer(pre_tokenizer=pre_tokenizers.Split(" ", "removed")), None),
+        (lambda: byte_level_tokenizer(added=[AddedToken("<mask>", lstrip=True)]), None),
+        # Without an unknown token, a character of several bytes could vanish whole...
+        (lambda: byte_level_tokenizer(alphabet="æĹ¥ľ¬a"), None),
+        # ...with one, each unknown byte is a token.
+        (lambda: byte_level_tokenizer(alphabet="æĹ¥ľ¬a", unk="<unk>"), CharBound(6)),
+    ],
+)
+def test_tokenizers_where_characters_can_vanish_have_no_bound(tokenizer, bound):
+    assert char_bound(tokenizer()) == bound
+
+
+def test_the_normal_forms_shrink_a_text_at_most_as_much_as_a_decomposition_grows():
+    longest = max(len(unicodedata.normalize("NFD", chr(c))) for c in range(0x110000))
+    assert NORMALIZER_SHRINK["NFC"] == NORMALIZER_SHRINK["NFKC"] == longest == 4
+
+
+@pytest.mark.parametrize(
+    "name, bound",
+    [
+        ("tiny", CharBound(len("</tool_response>"))),  # an added token, the longest string
+        ("smollm2-135m", CharBound(81, "\x04\x06\x13\x14\x16\x1d")),  # "\n" + 80 spaces
+    ],
+)
+def test_no_text_beats_a_real_tokenizers_bound(name, bound):
+    tokenizer = AutoTokenizer.from_pretrained(models.resolve(name))
+    assert char_bound(tokenizer) == bound
+    rng = random.Random(0)
+    alphabet = "ab \n\t\x04日本🙂é\u0301" + "".join(
+        chr(rng.randrange(0, 0x3000)) for _ in range(99)
+    )
+    texts = ["".join(rng.choices(alphabet, k=rng.randint(1, 300))) for _ in range(200)]
+    texts += ["\n" + " " * 3000, "</tool_response>" * 9, "<|im_start|>" * 9, "\x04" * 99 + "a"]
+    for text in texts:
+        tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert tokens >= bound.least_tokens(text)
+
+
+def test_a_request_counts_its_strings_and_a_character_for_other_values():
+    message = {"role": "user", "content": "abc"}
+    call = {"function": {"name": "f", "arguments": {"x": 12345, "y": None}}}
+    assert request_chars([message]) == 4 + 4 + 7 + 3
+    assert request_chars({"tool_calls": [call]}) == 10 + 8 + 4 + 1 + 9 + (1 + 1) * 2
+    assert request_chars(None) == 1
+
+
+OVER = 200_000
+"""Characters over what `tiny_engine`'s context holds: 8192 tokens of at most 16 characters."""
+
+
+@pytest.mark.parametrize(
+    "messages, tools",
+    [
+        ([{"role": "user", "content": "word " * 4_000_000}], None),  # 20 MB
+        (MESSAGES, [{"type": "function", "function": {"name": "f", "description": "x" * OVER}}]),
+        (
+            [
+                *MESSAGES,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"function": {"name": "f", "arguments": '{"a": "' + "y" * OVER + '"}'}}
+                    ],
+                },
+                {"role": "user", "content": "and?"},
+            ],
+            None,
+        ),
+    ],
+)
+def test_a_prompt_too_long_in_characters_is_refused_before_tokenizing(tiny_engine, messages, tools):
+    assert tiny_engine.context_length * 16 < OVER
+    with pytest.raises(ValueError, match="characters, at least .* the model's context"):
+        tiny_engine.generate(messages, tools)
+
+
+def test_a_prompt_under_the_character_bound_is_counted_in_tokens(tiny_engine):
+    under = [{"role": "user", "content": "word " * 20_000}]  # 100k characters, 20k tokens
+    with pytest.raises(ValueError, match="tokens; the model's context"):
+        tiny_engine.generate(under)
+
+
+def test_a_request_over_the_bound_only_in_what_the_template_leaves_out_is_served(tiny_engine):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * OVER}}
+    parts = [{"type": "text", "text": MESSAGES[0]["content"]}, image]
+    completion = tiny_engine.generate(
+        [{"role": "user", "content": parts}], sampling=SamplingParams(max_tokens=2)
+    )
+    assert list(completion.prompt_token_ids) == tiny_engine.encode(MESSAGES)
+    assert len(completion.completion_token_ids) > 0

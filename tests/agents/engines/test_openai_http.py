@@ -10,6 +10,7 @@ from agents.engines.openai_http import (
     stream_completion,
 )
 
+TOOLS = [{"type": "function", "function": {"name": "calculator"}}]
 CALL_TEXT = (
     '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
 )
@@ -37,7 +38,7 @@ def test_tool_calls_are_parsed_from_the_text_and_markup_stays_in_the_raw_text():
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 3},
     }
-    completion = completion_from_chat(response, policy_version=4)
+    completion = completion_from_chat(response, policy_version=4, tools=TOOLS)
     call = completion.message["tool_calls"][0]["function"]
     assert call == {"name": "calculator", "arguments": '{"expression": "2 + 2"}'}
     assert completion.message["content"] is None
@@ -68,7 +69,7 @@ def test_a_stream_is_reassembled_into_the_same_completion():
         },
         {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2}},
     ]
-    *chunks, final = stream_completion(iter(events), policy_version=1)
+    *chunks, final = stream_completion(iter(events), policy_version=1, tools=TOOLS)
     assert chunks == [TokenChunk((5,), (-0.5,), "Hel"), TokenChunk((6,), (-0.5,), "lo")]
     assert isinstance(final, Completion)
     assert final.message == {"role": "assistant", "content": "Hello"}
@@ -98,7 +99,7 @@ def test_structured_tool_calls_of_other_servers_are_kept_and_ids_left_empty():
             ]
         },
     ]
-    *_, final = stream_completion(iter(events), policy_version=0)
+    *_, final = stream_completion(iter(events), policy_version=0, tools=TOOLS)
     assert final.message["tool_calls"] == [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
     ]
@@ -121,3 +122,15 @@ def test_vllm_extensions_are_only_asked_for_on_request(token_ids):
     assert body["stop"] == ["x"] and body["seed"] == 3 and body["logprobs"] is True
     assert ("return_token_ids" in body) is token_ids
     assert body.get("tool_choice") == ("none" if token_ids else None)
+
+
+def test_without_tools_call_markup_is_plain_content():
+    response = {
+        "prompt_token_ids": [1],
+        "choices": [
+            {"message": {"role": "assistant", "content": CALL_TEXT}, "finish_reason": "stop"}
+        ],
+    }
+    completion = completion_from_chat(response, policy_version=0, tools=None)
+    assert completion.message == {"role": "assistant", "content": CALL_TEXT.strip()}
+    assert completion.finish_reason == "stop"
