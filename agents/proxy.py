@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agents import openai_api as api
 from agents.engines.base import BASE, POLICY, Completion, Engine, SamplingParams, TokenChunk
-from agents.sessions import SessionInfo, SessionTracker, identify
+from agents.sessions import SessionEnded, SessionInfo, SessionRefused, SessionTracker, identify
 from agents.store import Store
 from agents.trajectory import TurnType
 
@@ -64,6 +64,18 @@ class ProxyConfig:
     """Completion budget of requests that do not set one."""
     env_id: str = "live"
     """`env_id` of the sessions the proxy records."""
+    session_idle_s: float = 600.0
+    """A session without a request for this long has its turns that nothing continued
+    ended with an empty next state (so the judge can let them go) and leaves memory."""
+    max_body_bytes: int = 32 << 20
+    """Larger request bodies are refused (413) before they are parsed."""
+
+    def __post_init__(self) -> None:
+        if not self.session_idle_s > 0 or self.max_body_bytes < 1:
+            raise ValueError(
+                f"session_idle_s and max_body_bytes must be positive, got "
+                f"{self.session_idle_s} and {self.max_body_bytes}"
+            )
 
 
 class Proxy:
@@ -82,6 +94,7 @@ class Proxy:
         self.sessions = SessionTracker(store, self.config.env_id)
         self._publish = threading.Lock()
         self._checkpoints = _Checkpoints(store)
+        self._expiry: asyncio.Task[None] | None = None
         self.app = _build_app(self)
 
     def publish_adapter(self, path: str, version: int) -> None:
@@ -98,29 +111,50 @@ class Proxy:
         Starlette's HTTP middleware costs about a millisecond a request); `headers` have
         lower-case names."""
         key = self.config.api_key
-        if key and headers.get("authorization", "") != f"Bearer {key}":
+        if not key:
+            return
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), key):
             raise api.ApiError(401, "a valid API key is required", code="invalid_api_key")
 
     # -- chat completions ----------------------------------------------------------------
-    async def chat(self, headers: Mapping[str, str], raw: bytes) -> ASGIApp:
-        """The response to a chat-completions request (`headers` with lower-case names)."""
+    async def chat(self, headers: Mapping[str, str], raw: bytes, receive: Receive) -> ASGIApp:
+        """The response to a chat-completions request (`headers` with lower-case names);
+        `receive` tells when the client leaves."""
         chat = _chat_request(raw)
         try:  # the body's session fields are extra fields of the request: identify pops them
             info = identify(headers, chat.model_extra or {}, self.config.default_turn_type)
-        except ValueError as error:
-            raise api.ApiError(400, str(error), param="X-Turn-Type") from error
+        except SessionRefused as error:
+            raise api.ApiError(400, str(error), param=error.param) from error
         adapter = self._adapter(chat.model)
         if adapter is BASE:
             info = replace(info, turn_type=TurnType.SIDE)  # the base model is never trained
+        self._expire_sessions()
         turn = _Turn(self, chat, info, adapter)
         if chat.stream:
             firsts = await turn.start_streams()
             return StreamingResponse(
                 turn.events(firsts),
                 media_type="text/event-stream",
-                headers={"X-Session-Id": info.session_id},
+                headers={"X-Session-Id": turn.info.session_id},
             )
-        return _Json(await turn.complete(), session_id=info.session_id)
+        return _Json(await turn.complete(receive), session_id=turn.info.session_id)
+
+    def _expire_sessions(self) -> None:
+        """Starts the loop task that ends idle sessions' open turns (again on a new loop)."""
+        if self._expiry is None or self._expiry.done():
+            self._expiry = asyncio.ensure_future(self._expire_idle_sessions())
+
+    async def _expire_idle_sessions(self) -> None:
+        idle = self.config.session_idle_s
+        while True:
+            await asyncio.sleep(max(1.0, min(30.0, idle / 4)))
+            try:
+                await self._checkpoints.writable()
+                if ended := self.sessions.expire_idle(idle):
+                    logger.info("ended %d turns of sessions idle for %.0f s", ended, idle)
+            except Exception:
+                logger.exception("ending idle sessions failed")
 
     def _adapter(self, model: str) -> str | None:
         if model in ("policy", self.config.model_name):
@@ -188,7 +222,6 @@ class _Turn:
         self.id = f"chatcmpl-{secrets.token_hex(16)}"
         self.created = int(time.time())
         self.sampling = [self._sampling(i) for i in range(chat.n)]
-        self.first = 0
 
     def _sampling(self, choice: int) -> SamplingParams:
         chat = self.chat
@@ -206,21 +239,26 @@ class _Turn:
             raise api.ApiError(400, str(error)) from error
 
     async def _begin(self) -> None:
-        """Reserves the turns' indexes (and links the session's previous turn)."""
+        """Registers the request with its session (and links the session's previous turn)."""
         await self.proxy._checkpoints.writable()
-        self.first = self.proxy.sessions.begin(self.info, self.messages, len(self.sampling))
+        try:
+            self.info = self.proxy.sessions.begin(self.info, self.messages)
+        except SessionEnded as error:
+            raise api.ApiError(
+                409, str(error), param="X-Session-Id", code="session_ended"
+            ) from error
 
-    async def complete(self) -> dict[str, Any]:
-        """The whole non-streaming request."""
+    async def complete(self, receive: Receive) -> dict[str, Any]:
+        """The whole non-streaming request; a client that leaves cancels it."""
         engine = self.proxy.engine
         await self._begin()
+        calls = [
+            engine.agenerate(self.messages, self.tools, s, self.adapter) for s in self.sampling
+        ]
         try:
-            completions = await _all(
-                [
-                    engine.agenerate(self.messages, self.tools, s, self.adapter)
-                    for s in self.sampling
-                ]
-            )
+            completions = await _all(calls, receive)
+        except ClientDisconnect:
+            raise
         except Exception as error:
             raise _engine_error(error) from error
         replies = await self._commit(completions)
@@ -231,9 +269,7 @@ class _Turn:
             api.choice_message(c, f"call_{self.id[9:21]}_{i}") for i, c in enumerate(completions)
         ]
         await self.proxy._checkpoints.writable()
-        self.proxy.sessions.commit(
-            self.info, self.first, self.messages, completions, replies, self.tools or ()
-        )
+        self.proxy.sessions.commit(self.info, self.messages, completions, replies, self.tools or ())
         self.proxy._checkpoints.wrote(len(completions))
         return replies
 
@@ -267,7 +303,7 @@ class _Turn:
                 await stream.aclose()
 
     async def _sse(self, items: AsyncIterator[tuple[int, Any]], count: int) -> AsyncIterator[str]:
-        chat, ids = self.chat, self.chat.return_token_ids
+        chat, ids, logprobs = self.chat, self.chat.return_token_ids, self.chat.logprobs
         filters = [api.ContentStream(chat.stops()) for _ in range(count)]
         finals: dict[int, Completion] = {}
         for index in range(count):
@@ -278,15 +314,17 @@ class _Turn:
                     finals[index] = item
                     continue
                 delta = filters[index].feed(item.text)
-                if delta or ids:
+                if delta or ids or logprobs:  # every sampled token's ids and log-probs are sent
                     extra: dict[str, Any] = {"token_ids": list(item.token_ids)} if ids else {}
+                    if logprobs:
+                        extra["logprobs"] = api.token_logprobs(item.token_ids, item.logprobs)
                     yield self._event([api.stream_delta(index, {"content": delta}, None, **extra)])
-        except Exception as error:
+            completions = [finals[i] for i in range(count)]
+            replies = await self._commit(completions)
+        except Exception as error:  # the engine, or the store: the response never completes
             logger.error("stream %s failed: %s", self.id, error)
-            yield _sse(api.error_body(f"the engine failed: {error}", "server_error"))
+            yield _sse(api.error_body(f"the request failed: {error}", "server_error"))
             return
-        completions = [finals[i] for i in range(count)]
-        replies = await self._commit(completions)
         for index, (reply, final) in enumerate(zip(replies, completions, strict=True)):
             async for line in self._closing(index, reply, final, filters[index]):
                 yield line
@@ -314,17 +352,33 @@ class _Turn:
         return _sse(api.chunk(self.chat, self.id, self.created, choices, **extra))
 
 
-async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
-    """Awaits every call; the first failure cancels the others and is raised."""
-    if len(calls) == 1:
-        return [await calls[0]]
+async def _all(calls: list[Coroutine[Any, Any, T]], receive: Receive) -> list[T]:
+    """Awaits every call; the first failure cancels the others and is raised, so does a
+    client that leaves meanwhile (as `ClientDisconnect`): nothing is sampled for nobody."""
     tasks = [asyncio.ensure_future(call) for call in calls]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
+    left = asyncio.ensure_future(_disconnected(receive))
+
+    def cancel(_: object) -> None:
         for task in tasks:
             task.cancel()
+
+    left.add_done_callback(cancel)  # not asyncio.wait: a callback costs less a request
+    try:
+        return [await task for task in tasks]
+    except BaseException as error:
+        cancel(None)
+        if isinstance(error, asyncio.CancelledError) and left.done() and not left.cancelled():
+            raise ClientDisconnect() from None
         raise
+    finally:
+        left.remove_done_callback(cancel)
+        left.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has left (the body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _merged(
@@ -403,7 +457,7 @@ def _chat_request(raw: bytes) -> api.ChatRequest:
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # ValueError: bad JSON or bad UTF-8
         raise api.ApiError(400, f"the body is not valid JSON: {error}") from error
     if not isinstance(body, dict):
         raise api.ApiError(400, "the body must be a JSON object")
@@ -415,21 +469,20 @@ def _build_app(proxy: Proxy) -> ASGIApp:
     routes.state.proxy = proxy
     _add_error_handlers(routes)
 
-    @routes.get("/healthz")
+    @routes.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "policy_version": proxy.engine.policy_version}
 
     @routes.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         proxy.check_key(request.headers)
-        created = int(time.time())
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "clawgym"}
-                for name in ("policy", "base")
-            ],
-        }
+        return {"object": "list", "data": [_model_card(name) for name in ("policy", "base")]}
+
+    @routes.get("/v1/models/{name:path}")
+    async def model(request: Request, name: str) -> dict[str, Any]:
+        proxy.check_key(request.headers)
+        proxy._adapter(name)  # a 404 for a model this server does not serve
+        return _model_card(name)
 
     @routes.post("/admin/adapters")
     async def publish(request: Request) -> dict[str, Any]:
@@ -438,6 +491,8 @@ def _build_app(proxy: Proxy) -> ASGIApp:
         path, version = body.get("path"), body.get("version")
         if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
             raise api.ApiError(400, 'the body must be {"path": str, "version": int}')
+        if not 0 < version < 2**63:  # the store keeps versions as SQLite integers
+            raise api.ApiError(400, f"version must be in 1..2**63-1, got {version}")
         try:
             await asyncio.to_thread(proxy.publish_adapter, path, version)
         except Exception as error:  # a refused load leaves the previous version serving
@@ -466,7 +521,8 @@ async def _chat_completions(proxy: Proxy, scope: Scope, receive: Receive, send: 
             name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
         }
         proxy.check_key(headers)
-        response = await proxy.chat(headers, await _body(receive))
+        body = await _body(receive, proxy.config.max_body_bytes)
+        response = await proxy.chat(headers, body, receive)
     except api.ApiError as error:
         response = _Json(error.body(), status=error.status)
     except ClientDisconnect:
@@ -477,15 +533,22 @@ async def _chat_completions(proxy: Proxy, scope: Scope, receive: Receive, send: 
     await response(scope, receive, send)
 
 
-async def _body(receive: Receive) -> bytes:
-    chunks = []
+async def _body(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            raise api.ApiError(413, f"the body is over {limit} bytes", code="request_too_large")
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "clawgym"}
 
 
 class _Json:

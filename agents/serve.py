@@ -51,6 +51,8 @@ class ServeConfig:
     """The turn type of requests without `X-Turn-Type`."""
     max_tokens: int = 512
     """Completion budget of requests that set none."""
+    session_idle_s: float = 600.0
+    """Idle time after which a session's replies that nothing followed are masked."""
     threads: int | None = None
     """torch CPU threads (embedded engine)."""
     max_batch: int = 32
@@ -76,6 +78,8 @@ class ServeConfig:
             raise ValueError(f"turn_type must be 'main' or 'side', got {self.turn_type!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not self.session_idle_s > 0:
+            raise ValueError(f"session_idle_s must be positive, got {self.session_idle_s}")
         if not self.api_key and not is_loopback(self.host):
             raise ValueError(
                 f"host={self.host} is beyond loopback: set api_key=... (or CLAWGYM_API_KEY)"
@@ -114,7 +118,9 @@ def _convert(value: str, kind: Any) -> Any:
         if value.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"expected true or false, got {value!r}")
         return value.lower() in ("true", "1")
-    return int(value) if int in kinds else value
+    if int in kinds:
+        return int(value)
+    return float(value) if float in kinds else value
 
 
 def build_engine(config: ServeConfig) -> Engine:
@@ -144,6 +150,7 @@ def build_proxy(config: ServeConfig, engine: Engine) -> Proxy:
         api_key=config.api_key,
         default_turn_type=TurnType(config.turn_type),
         max_tokens=config.max_tokens,
+        session_idle_s=config.session_idle_s,
     )
     return Proxy(engine, Store(config.store), proxy_config)
 

@@ -4,17 +4,35 @@
 `X-Turn-Type`, `X-Session-Done`), then OpenClaw's own session headers (`session_id`,
 `x-session-affinity`, both `<id>:0`), then body fields of the same names (`session_id`,
 `turn_type`, `session_done`), which are removed from the body before anything else sees
-it. No session id: a fresh one. No turn type: the configured default (`main`), so a
-client that sends no headers still trains, unlike OpenClaw-RL's proxy.
+it. A session id is 1-256 printable ASCII characters (it goes back in a response header).
+No turn type: the configured default (`main`), so a client that sends no headers still
+trains, unlike OpenClaw-RL's proxy.
 
-`SessionTracker` keeps the store in step: it opens the session on first sight, reserves
-turn indexes, commits each turn token-exactly, and when the next main request of a
-session arrives, fills the previous main turn's next state with what that request adds
-after the previous assistant reply: the user's answer, tool results. It finds that reply in
-the new history (where it is expected, else by content) instead of taking the last message,
-and leaves out OpenClaw's transient internal-context message, which every request carries
-and no history keeps. State lives in memory and is rebuilt from the store for a session it
-has not seen (a restarted proxy continues a session).
+No session id: the proxy mints one, and returns it in the `X-Session-Id` response header,
+unless the request continues a conversation the proxy served without an id: a request
+whose last assistant message, with everything before it, is exactly a previous reply of
+such a session and that reply's prompt, is that session's next turn. So a plain OpenAI
+client that sends its history back trains on linked turns without knowing about sessions.
+
+`SessionTracker` keeps the store in step. It opens a session on first sight, commits each
+turn token-exactly with the next free index, and keeps the session's *open ends*: its main
+turns still waiting for what the conversation says after them. When a main request of the
+session arrives, the open end whose reply the new history contains (where it is expected,
+else anywhere: a client may compact its history) gets what the history adds after that
+reply as its next state: the user's answer, tool results; OpenClaw's transient
+internal-context message, which every request carries and no history keeps, is left out.
+A request that contains no open end's reply (an auxiliary call sent as `main`, a history
+the client edited) links nothing: the policy's reply is never judged against a reaction to
+something else. The linked turn's siblings (the other choices of an n > 1 request, a retry
+of the same prompt) can never be continued any more: their next state is set empty, which
+the judges read as "the conversation did not go on from here" (judged empty, masked).
+
+Open ends that nothing continues (the last turn of a session the client never closes, an
+auxiliary call) end empty the same way once their session has been idle for
+`expire_idle`'s limit, and the session's in-memory state is dropped, so a long-running
+proxy holds only its active sessions. A session the client closed with `X-Session-Done` is
+final: a later request naming it is refused (`SessionEnded`). State is rebuilt from the
+store for a session not in memory (a restarted proxy, a user back after a pause).
 
 Side turns (memory flushes, heartbeats, and every request to the base model) are recorded
 as `side` turns without a next state: served and kept for analysis, never trained.
@@ -26,19 +44,37 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.engines.base import Completion
 from agents.store import Store
-from agents.trajectory import Session, Turn, TurnType
+from agents.trajectory import Session, SessionStatus, Turn, TurnType
 
 logger = logging.getLogger(__name__)
 
 INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
+MAX_SESSION_ID = 256
+MAX_OPEN_ENDS = 64
+"""Most turns of one session waiting for a next state; older ones are ended empty."""
+SEARCHED_ENDS = 8
+"""Open ends whose reply is looked for anywhere in a new history, not only where expected."""
 _TRUE = {"1", "true", "yes", "on"}
+
+
+class SessionRefused(ValueError):
+    """A request whose session fields are invalid (`param` names the offending one)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+class SessionEnded(Exception):
+    """A request names a session its client already closed with `X-Session-Done`."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +85,18 @@ class SessionInfo:
     turn_type: TurnType
     done: bool
     """The client closes the session with this request."""
+    named: bool = True
+    """The client named the session; False: the proxy minted the id."""
 
 
 def identify(
     headers: Mapping[str, str], body: MutableMapping[str, Any], default: TurnType
 ) -> SessionInfo:
-    """The session of a request; pops the body fallbacks so the engine never sees them."""
+    """The session of a request; pops the body fallbacks so the engine never sees them.
+
+    Raises:
+        SessionRefused: a session id or turn type the proxy cannot take.
+    """
     fields = {name: body.pop(name, None) for name in ("session_id", "turn_type", "session_done")}
     session_id = (
         headers.get("x-session-id")
@@ -64,12 +106,27 @@ def identify(
     kind = headers.get("x-turn-type") or fields["turn_type"] or default
     done = headers.get("x-session-done") or fields["session_done"]
     if str(kind).lower() not in ("main", "side"):
-        raise ValueError(f"turn type must be 'main' or 'side', got {kind!r}")
+        raise SessionRefused(f"turn type must be 'main' or 'side', got {kind!r}", "X-Turn-Type")
     return SessionInfo(
-        session_id=str(session_id) if session_id else uuid.uuid4().hex,
+        session_id=_checked_id(session_id) if session_id else uuid.uuid4().hex,
         turn_type=TurnType(str(kind).lower()),
         done=str(done).lower() in _TRUE if done is not None else False,
+        named=bool(session_id),
     )
+
+
+def _checked_id(value: Any) -> str:
+    """A session id as given, if it can go back in a response header and into logs."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SessionRefused(f"a session id is a string, got {value!r}", "X-Session-Id")
+    text = str(value)
+    if len(text) > MAX_SESSION_ID or not (text.isascii() and text.isprintable()):
+        raise SessionRefused(
+            f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters, got "
+            f"{text[:40]!r}{'...' if len(text) > 40 else ''}",
+            "X-Session-Id",
+        )
+    return text
 
 
 def _affinity(value: str | None) -> str | None:
@@ -95,9 +152,11 @@ def _text(content: Any) -> str:
 
 def _same_reply(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two assistant messages say the same (clients may re-shape them)."""
-    return _text(a.get("content")).strip() == _text(b.get("content")).strip() and _calls(
-        a
-    ) == _calls(b)
+    return (
+        a.get("role") == "assistant"
+        and _text(a.get("content")).strip() == _text(b.get("content")).strip()
+        and _calls(a) == _calls(b)
+    )
 
 
 def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -114,41 +173,84 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def next_state(
-    messages: Sequence[Mapping[str, Any]],
-    prompt_length: int,
-    replies: Sequence[Mapping[str, Any]],
-) -> tuple[int, list[Mapping[str, Any]]] | None:
-    """Which previous reply the new history continues, and what it adds after it.
+    messages: Sequence[Mapping[str, Any]], prompt_length: int, reply: Mapping[str, Any]
+) -> list[Mapping[str, Any]] | None:
+    """What a new history adds after a previous reply; None when it does not continue it.
 
     Args:
         messages: the new request's messages, transient ones removed.
-        prompt_length: how many (non-transient) messages the previous request had.
-        replies: the previous turn's replies (several when it had n > 1 choices).
+        prompt_length: how many (non-transient) messages the reply's request had: where the
+            reply is expected in the new history. Elsewhere is accepted too (a client that
+            compacted its history), the last place it is found.
+        reply: the previous turn's reply.
     """
-    expected = messages[prompt_length] if len(messages) > prompt_length else None
-    if expected is not None and expected.get("role") == "assistant":
+    expected = prompt_length < len(messages) and _same_reply(messages[prompt_length], reply)
+    if expected:
         position = prompt_length
     else:
-        assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        matching = [i for i in assistants if any(_same_reply(messages[i], r) for r in replies)]
-        position = (matching or assistants or [-1])[-1]
-    if position < 0 or position + 1 >= len(messages):
+        found = [i for i, m in enumerate(messages) if _same_reply(m, reply)]
+        if not found:
+            return None
+        position = found[-1]
+    added = list(messages[position + 1 :])
+    return added or None
+
+
+def _continued(
+    ends: Sequence[_OpenEnd], kept: Sequence[Mapping[str, Any]]
+) -> tuple[_OpenEnd, list[Mapping[str, Any]]] | None:
+    """The newest open end a history continues, with what it adds after that end's reply.
+
+    First where each reply is expected (a look at one message an end), then anywhere in
+    the history for the newest `SEARCHED_ENDS` (a compacted history): a request costs
+    O(ends + messages), and nothing for one with no assistant message at all.
+    """
+    if not any(m.get("role") == "assistant" for m in kept):
         return None
-    choice = next((i for i, r in enumerate(replies) if _same_reply(messages[position], r)), 0)
-    return choice, list(messages[position + 1 :])
+    for end in reversed(ends):
+        at = len(end.prompt)
+        if at + 1 < len(kept) and _same_reply(kept[at], end.reply):
+            return end, list(kept[at + 1 :])
+    for end in ends[: -SEARCHED_ENDS - 1 : -1]:
+        if (added := next_state(kept, len(end.prompt), end.reply)) is not None:
+            return end, added
+    return None
+
+
+def conversation_key(messages: Sequence[Mapping[str, Any]]) -> int:
+    """A fingerprint of a conversation's text (role, content, tool calls of each message),
+    the same for the re-shapings `_same_reply` accepts."""
+    return hash(
+        tuple(
+            (
+                str(m.get("role")),
+                _text(m.get("content")).strip(),
+                json.dumps(_calls(m), sort_keys=True, default=str),
+                str(m.get("tool_call_id") or ""),
+            )
+            for m in messages
+        )
+    )
 
 
 @dataclass(frozen=True)
-class _LastMain:
-    indexes: tuple[int, ...]
-    prompt_length: int
-    replies: tuple[Mapping[str, Any], ...]
+class _OpenEnd:
+    """A main turn still waiting for what the conversation says after it."""
+
+    index: int
+    prompt: tuple[Mapping[str, Any], ...]
+    """Its request's messages, transient ones removed."""
+    reply: Mapping[str, Any]
+    key: int | None = None
+    """`conversation_key` of prompt + reply, for a session whose id the proxy minted."""
 
 
 @dataclass
 class _State:
     next_index: int = 0
-    last: _LastMain | None = None
+    named: bool = True
+    open_ends: list[_OpenEnd] = field(default_factory=list)
+    seen: float = field(default_factory=time.monotonic)
 
 
 class SessionTracker:
@@ -163,74 +265,162 @@ class SessionTracker:
         self.store, self.env_id = store, env_id
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
+        self._unnamed: dict[int, list[str]] = {}
+        """`conversation_key` of an open end's prompt + reply -> the minted-id sessions
+        waiting there."""
+        self._ended: list[tuple[str, int]] = []
+        """Open ends dropped for `MAX_OPEN_ENDS`, still to be ended in the store."""
 
-    def begin(self, info: SessionInfo, messages: Sequence[Mapping[str, Any]], count: int) -> int:
-        """Registers a request of `count` choices: links the previous main turn to its next
-        state (main requests only) and returns the first of the indexes it reserves."""
-        state = self._state(info.session_id)
-        link = None
+    def begin(self, info: SessionInfo, messages: Sequence[Mapping[str, Any]]) -> SessionInfo:
+        """Registers a request before it is served: recognises the conversation of a request
+        without a session id, links the open end it continues (main requests), and returns
+        the request's session.
+
+        Raises:
+            SessionEnded: the session was closed by its client.
+        """
+        kept: list[Mapping[str, Any]] = []
+        if info.turn_type is TurnType.MAIN:
+            kept = [m for m in messages if not is_transient(m)]
+            if not info.named and (continued := self._recognise(kept)) is not None:
+                info = replace(info, session_id=continued)
+        state = self._state(info, refuse_ended=True)
         with self._lock:
-            first, state.next_index = state.next_index, state.next_index + count
-            if info.turn_type is TurnType.MAIN and state.last is not None:
-                kept = [m for m in messages if not is_transient(m)]
-                found = next_state(kept, state.last.prompt_length, state.last.replies)
-                if found is not None:
-                    link = (state.last.indexes[found[0]], found[1])
-                    state.last = None
-        if link is not None:
-            self.store.set_next_state(info.session_id, link[0], link[1])
-        return first
+            state.seen = time.monotonic()
+            links = self._links(info.session_id, state, kept) if kept and state.open_ends else []
+        for index, added in links:
+            self.store.set_next_state(info.session_id, index, added)
+        return info
+
+    def _recognise(self, kept: Sequence[Mapping[str, Any]]) -> str | None:
+        """The minted-id session whose open end the history continues from its last
+        assistant message, if any."""
+        last = next(
+            (i for i in range(len(kept) - 1, -1, -1) if kept[i].get("role") == "assistant"), -1
+        )
+        if last < 0 or last + 1 == len(kept):
+            return None
+        with self._lock:
+            waiting = self._unnamed.get(conversation_key(kept[: last + 1]))
+            return waiting[-1] if waiting else None
+
+    def _links(
+        self, session_id: str, state: _State, kept: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[int, list[Mapping[str, Any]]]]:
+        """The next states a main request gives (under the lock): its open end's, and empty
+        ones for that end's siblings."""
+        found = _continued(state.open_ends, kept)
+        if found is None:
+            return []
+        end, added = found
+        siblings = [e for e in state.open_ends if e is not end and e.prompt == end.prompt]
+        closed = [end, *siblings]
+        state.open_ends = [e for e in state.open_ends if e not in closed]
+        self._forget_keys(session_id, closed)
+        return [(end.index, added), *((e.index, []) for e in siblings)]
 
     def commit(
         self,
         info: SessionInfo,
-        first: int,
         messages: Sequence[Mapping[str, Any]],
         completions: Sequence[Completion],
         replies: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """Commits the request's turns; closes the session if the client said so."""
+        """Commits the request's turns at the session's next indexes; closes the session if
+        the client said so."""
+        state = self._state(info)
+        with self._lock:
+            first, state.next_index = state.next_index, state.next_index + len(completions)
+            state.seen = time.monotonic()
         for offset, (completion, reply) in enumerate(zip(completions, replies, strict=True)):
             self.store.add_turn(_turn(info, first + offset, messages, completion, reply, tools))
-        if info.turn_type is TurnType.MAIN:
-            prompt_length = sum(1 for m in messages if not is_transient(m))
-            indexes = tuple(range(first, first + len(completions)))
-            state = self._state(info.session_id)
-            with self._lock:
-                state.last = _LastMain(indexes, prompt_length, tuple(replies))
         if info.done:
             self.close(info.session_id)
+        elif info.turn_type is TurnType.MAIN:
+            prompt = tuple(m for m in messages if not is_transient(m))
+            ends = [
+                _OpenEnd(
+                    first + offset,
+                    prompt,
+                    reply,
+                    None if state.named else conversation_key((*prompt, reply)),
+                )
+                for offset, reply in enumerate(replies)
+            ]
+            with self._lock:
+                state.open_ends.extend(ends)
+                for end in ends:
+                    if end.key is not None:
+                        self._unnamed.setdefault(end.key, []).append(info.session_id)
+                # a client that never answers: bounded memory and search; the store hears
+                # of it with the next `expire_idle`, off the request's path
+                stale = state.open_ends[:-MAX_OPEN_ENDS]
+                del state.open_ends[:-MAX_OPEN_ENDS]
+                self._forget_keys(info.session_id, stale)
+                self._ended.extend((info.session_id, end.index) for end in stale)
 
     def close(self, session_id: str) -> None:
         """Marks the session done; its state is forgotten."""
         with self._lock:
-            self._states.pop(session_id, None)
+            state = self._states.pop(session_id, None)
+            if state is not None:
+                self._forget_keys(session_id, state.open_ends)
         self.store.finish_session(session_id)
 
-    def _state(self, session_id: str) -> _State:
+    def expire_idle(self, idle_s: float) -> int:
+        """Ends every open end of the sessions idle for `idle_s` seconds (their next state
+        is set empty: nothing continued them), and those dropped for `MAX_OPEN_ENDS`, and
+        forgets the idle sessions; returns how many turns it ended."""
+        now = time.monotonic()
         with self._lock:
-            state = self._states.get(session_id)
+            idle = [(i, s) for i, s in self._states.items() if now - s.seen >= idle_s]
+            for session_id, state in idle:
+                del self._states[session_id]
+                self._forget_keys(session_id, state.open_ends)
+            ended = [(i, end.index) for i, state in idle for end in state.open_ends]
+            ended, self._ended = ended + self._ended, []
+        if ended:
+            self.store.end_turns(ended)
+        return len(ended)
+
+    def _forget_keys(self, session_id: str, ends: Sequence[_OpenEnd]) -> None:
+        """Drops ended open ends from the index of minted-id sessions (under the lock)."""
+        for end in ends:
+            waiting = self._unnamed.get(end.key) if end.key is not None else None
+            if waiting and session_id in waiting:
+                waiting.remove(session_id)
+                if not waiting:
+                    del self._unnamed[end.key]  # type: ignore[arg-type]
+
+    def _state(self, info: SessionInfo, refuse_ended: bool = False) -> _State:
+        with self._lock:
+            state = self._states.get(info.session_id)
         if state is not None:
             return state
-        state = self._open(session_id)
+        state = self._open(info, refuse_ended)
         with self._lock:
-            return self._states.setdefault(session_id, state)
+            return self._states.setdefault(info.session_id, state)
 
-    def _open(self, session_id: str) -> _State:
+    def _open(self, info: SessionInfo, refuse_ended: bool) -> _State:
         """A new session in the store, or the state of one it already holds."""
+        session_id = info.session_id
         try:
             self.store.add_session(Session(session_id, self.env_id))
-            return _State()
+            return _State(named=info.named)
         except sqlite3.IntegrityError:
             pass
-        turns = self.store.session(session_id).turns
-        state = _State(next_index=max((t.index for t in turns), default=-1) + 1)
-        mains = [t for t in turns if t.turn_type is TurnType.MAIN]
-        if mains and mains[-1].next_state is None:
-            last = mains[-1]
-            length = sum(1 for m in last.prompt_messages if not is_transient(m))
-            state.last = _LastMain((last.index,), length, (last.completion,))
+        session = self.store.session(session_id)
+        if refuse_ended and session.status is not SessionStatus.OPEN:
+            raise SessionEnded(f"the session {session_id!r} is {session.status}; use a new id")
+        state = _State(next_index=max((t.index for t in session.turns), default=-1) + 1)
+        state.open_ends = [
+            _OpenEnd(
+                t.index, tuple(m for m in t.prompt_messages if not is_transient(m)), t.completion
+            )
+            for t in session.turns
+            if t.turn_type is TurnType.MAIN and t.next_state is None
+        ]
         logger.info("continuing session %s at turn %d", session_id, state.next_index)
         return state
 

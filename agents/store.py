@@ -293,6 +293,16 @@ class Store:
             (_json(list(next_state)), env_reward),
         )
 
+    def end_turns(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Gives the turns (session id, index) that nothing continued an empty next state,
+        in one transaction; a turn that has a next state keeps it."""
+        with self._write() as db:
+            db.executemany(
+                "UPDATE turns SET next_state='[]' "
+                "WHERE session_id=? AND idx=? AND next_state IS NULL",
+                list(keys),
+            )
+
     def set_judgement(self, session_id: str, index: int, judgement: Judgement) -> None:
         """Records the judge's verdict and moves the turn to `judged`."""
         self._update_turn(
@@ -332,9 +342,17 @@ class Store:
         turn_type: TurnType | None = None,
         after_seq: int = 0,
         limit: int | None = None,
+        settled: bool = False,
     ) -> list[tuple[int, Turn]]:
-        """Turns as (seq, turn) in commit order, filtered; `after_seq` pages through them."""
+        """Turns as (seq, turn) in commit order, filtered; `after_seq` pages through them.
+        `settled`: only turns whose next state is known: filled in, or never to come (their
+        session is no longer open)."""
         clauses, args = ["seq > ?"], list[int | str]([after_seq])
+        if settled:
+            clauses.append(
+                "(next_state IS NOT NULL OR EXISTS (SELECT 1 FROM sessions s "
+                "WHERE s.session_id = turns.session_id AND s.status != 'open'))"
+            )
         if status is not None:
             clauses.append("status = ?")
             args.append(str(status))

@@ -196,6 +196,9 @@ class ServeSection:
     """Turn type of requests without `X-Turn-Type`: main turns train, side turns do not."""
     max_tokens: int = 512
     """Completion budget of requests that set none."""
+    session_idle_s: float = 600.0
+    """A session idle this long has its replies that nothing followed masked (judged
+    empty), so the judge moves on without them."""
 
 
 @dataclass

@@ -70,6 +70,12 @@ def longest(hints: Sequence[str | None]) -> str | None:
     return max(accepted, key=len) if accepted else None
 
 
+def awaits_next_state(turn: Turn, session: Session) -> bool:
+    """Whether a turn's next state may still come: none yet, and its session goes on. An
+    empty next state is final (the proxy's: nothing continued the turn)."""
+    return turn.next_state is None and session.status == "open"
+
+
 def render_next_state(next_state: Sequence[Message]) -> tuple[str, str]:
     """The role and text of a next state, for the judge's prompt."""
     roles = [str(m.get("role", "user")) for m in next_state] or ["user"]
@@ -145,8 +151,10 @@ class LLMJudge:
         self.hint_text_template = load_template(config.hint_text_template)
 
     def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
-        if turn.next_state is None:
-            return None if session.status == "open" else Judgement()
+        if awaits_next_state(turn, session):
+            return None
+        if not turn.next_state:
+            return Judgement()  # nothing followed the turn: masked
         role, next_text = render_next_state(turn.next_state)
         fields = {"reply": _reply_text(turn.completion), "next_role": role, "next_state": next_text}
         rng = random.Random(f"{turn.session_id}/{turn.index}")
@@ -294,8 +302,10 @@ class FeedbackJudge:
         self.config, self.engine = config, engine
 
     def judge(self, turn: Turn, session: Session, want_hint: bool) -> Judgement | None:
-        if turn.next_state is None:
-            return None if session.status == "open" else Judgement()
+        if awaits_next_state(turn, session):
+            return None
+        if not turn.next_state:
+            return Judgement()  # nothing followed the turn: masked
         role, text = render_next_state(turn.next_state)
         if role != "user":
             return Judgement()  # a tool result is no person's feedback

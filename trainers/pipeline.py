@@ -242,7 +242,11 @@ class Pipeline:
 
     def _judge_pending(self) -> bool:
         """Judges the collected main turns that can be judged now; True if any were."""
-        pending = self.store.turns(status=TurnStatus.COLLECTED, turn_type=TurnType.MAIN, limit=256)
+        # settled turns only: a window of turns still waiting for their next state (live
+        # users who have not answered yet) would hold back every turn behind it
+        pending = self.store.turns(
+            status=TurnStatus.COLLECTED, turn_type=TurnType.MAIN, limit=256, settled=True
+        )
         sessions = {
             s.session_id: s
             for s in self.store.sessions(session_ids={t.session_id for _, t in pending})

@@ -125,6 +125,7 @@ def _serve(config: RunConfig, engine: EmbeddedEngine, store: Store) -> Iterator[
         api_key=config.serve.api_key,
         default_turn_type=TurnType(config.serve.turn_type),
         max_tokens=config.serve.max_tokens,
+        session_idle_s=config.serve.session_idle_s,
     )
     with in_thread(engine, store, proxy_config, config.serve.host, config.serve.port) as (
         url,

@@ -4,6 +4,10 @@ headers (OpenClaw's included), the API key, and every kind of bad input."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import time
+
 import httpx
 import openai
 import pytest
@@ -77,6 +81,24 @@ def test_token_ids_and_logprobs_on_request(client, store):
     assert body["choices"][0]["token_ids"] == list(turn.completion_token_ids)
     logprobs = [t.logprob for t in reply.choices[0].logprobs.content]
     assert logprobs == list(turn.completion_logprobs)
+
+
+def test_a_stream_carries_every_sampled_tokens_logprob(client, store):
+    raw = client.chat.completions.with_raw_response.create(
+        model="policy", messages=USER, stream=True, logprobs=True, **SHORT
+    )
+    chunks = list(raw.parse())
+    (turn,) = store.session(raw.headers["x-session-id"]).turns
+    sent = [
+        (e.token, e.logprob)
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert sent == [
+        (f"token_id:{i}", lp)
+        for i, lp in zip(turn.completion_token_ids, turn.completion_logprobs, strict=True)
+    ]
 
 
 def test_stream_is_token_by_token_and_committed_before_done(client, store, tiny_engine):
@@ -165,6 +187,52 @@ def test_session_done_closes_the_session(client, store):
     assert store.session("closing").status is SessionStatus.DONE
 
 
+def test_a_client_without_session_ids_trains_on_linked_turns(client, store):
+    """A plain OpenAI client that only sends its history back: the proxy recognises the
+    conversation, so the turns link as if it had sent X-Session-Id."""
+    first, headers = create(client, [{"role": "user", "content": "plain client"}])
+    answer = {"role": "assistant", "content": first.choices[0].message.content}
+    reply = {"role": "user", "content": "thanks"}
+    history = [{"role": "user", "content": "plain client"}, answer, reply]
+    _, again = create(client, history)
+    assert again["x-session-id"] == headers["x-session-id"]
+    turns = store.session(headers["x-session-id"]).turns
+    assert [t.next_state for t in turns] == [(reply,), None]
+
+
+def test_an_idle_sessions_last_reply_ends_empty(tiny_engine, tmp_path):
+    with (
+        Store(tmp_path / "s.sqlite") as store,
+        running(tiny_engine, store, ProxyConfig(session_idle_s=1.0)) as (url, _),
+    ):
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        create(client, headers={"X-Session-Id": "quiet"})
+        deadline = time.monotonic() + 10
+        while store.session("quiet").turns[0].next_state is None:
+            assert time.monotonic() < deadline, "the idle session's turn was never ended"
+            time.sleep(0.1)
+        assert store.session("quiet").turns[0].next_state == ()
+        assert store.session("quiet").status is SessionStatus.OPEN
+
+
+def test_a_closed_session_refuses_later_requests(client, store):
+    create(client, headers={"X-Session-Id": "final", "X-Session-Done": "1"})
+    with pytest.raises(openai.ConflictError) as raised:
+        create(client, headers={"X-Session-Id": "final"})
+    assert raised.value.body["code"] == "session_ended"
+    assert len(store.session("final").turns) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_session_id_that_cannot_be_a_header_is_a_400(client, stream):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model="policy", messages=USER, stream=stream, extra_body={"session_id": "\u00e9\u2603"}
+        )
+    assert raised.value.body["param"] == "X-Session-Id"
+    assert create(client)[0].choices[0].message.role == "assistant"
+
+
 def test_openclaw_affinity_headers_and_transient_context(client, store):
     tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
     headers = {"session_id": "claw-1:0", "x-session-affinity": "claw-1:0"}
@@ -217,6 +285,12 @@ def test_api_key_is_required_when_configured(tiny_engine, tmp_path):
         reply, _ = create(openai.OpenAI(base_url=url, api_key="sesame", max_retries=0))
         assert reply.choices[0].message.role == "assistant"
         assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+        # the scheme is case-insensitive (RFC 9110), the key is not
+        assert httpx.get(url + "/models", headers={"authorization": "bearer sesame"}).is_success
+        assert (
+            httpx.get(url + "/models", headers={"authorization": "Bearer SESAME"}).status_code
+            == 401
+        )
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -285,14 +359,60 @@ def test_unknown_route_is_an_openai_style_404(served):
 
 
 @pytest.mark.parametrize(
-    "body", [{"path": "/nonexistent/adapter", "version": 7}, {"path": 3}, {"version": "x"}]
+    "body",
+    [
+        b'{"path": "/nonexistent/adapter", "version": 7}',
+        b'{"path": 3}',
+        b'{"version": "x"}',
+        b'{"path": "/tmp", "version": 9223372036854775808}',  # 2**63: no SQLite integer
+        b"[" * 5000 + b"]" * 5000,
+    ],
 )
 def test_a_bad_publish_is_a_400_and_serving_goes_on(client, served, body):
-    response = httpx.post(served[0].removesuffix("/v1") + "/admin/adapters", json=body)
+    response = httpx.post(served[0].removesuffix("/v1") + "/admin/adapters", content=body)
     assert response.status_code == 400 and response.json()["error"]["message"]
     reply, headers = create(client)
     assert reply.choices[0].message.role == "assistant"
     assert served[1].session(headers["x-session-id"]).turns[0].policy_version == 0
+
+
+def test_a_body_over_the_limit_is_a_413(tiny_engine, tmp_path):
+    with (
+        Store(tmp_path / "s.sqlite") as store,
+        running(tiny_engine, store, ProxyConfig(max_body_bytes=1000)) as (url, _),
+    ):
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as raised:
+            create(client, [{"role": "user", "content": "x" * 1000}])
+        assert raised.value.status_code == 413 and raised.value.body["code"] == "request_too_large"
+        assert create(client)[0].choices[0].message.role == "assistant"
+
+
+def test_health_answers_head_and_models_are_retrievable(client, served):
+    assert httpx.head(served[0].removesuffix("/v1") + "/healthz").status_code == 200
+    assert client.models.retrieve("policy").id == "policy"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-17")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_the_store_cannot_commit_is_never_answered_as_done(
+    client, served, monkeypatch, stream
+):
+    def full(turn):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(served[1], "add_turn", full)
+    body = {"model": "policy", "messages": USER, "max_tokens": 3, "stream": stream}
+    response = httpx.post(served[0] + "/chat/completions", json=body, timeout=60)
+    if stream:
+        events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+        assert "disk is full" in json.loads(events[-1].removeprefix("data: "))["error"]["message"]
+        assert "data: [DONE]" not in events
+    else:
+        assert response.status_code == 500 and "disk is full" in response.json()["error"]["message"]
+    monkeypatch.undo()
+    assert create(client)[0].choices[0].message.role == "assistant"
 
 
 def test_wrong_method_on_chat_is_an_openai_style_405(served):
@@ -358,19 +478,26 @@ def test_checkpoints_keep_the_log_bounded_while_writes_never_stop(tmp_path, monk
     store.close()
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_a_client_that_leaves_a_stream_cancels_its_engine_requests(client, served, tiny_engine, n):
-    import time
-
-    body = {"model": "policy", "messages": USER, "max_tokens": 400, "stream": True, "n": n}
-    with httpx.stream("POST", served[0] + "/chat/completions", json=body, timeout=60) as stream:
-        lines = stream.iter_lines()
-        assert next(lines).startswith("data: ")
-        next(lines)
+@pytest.mark.parametrize(("n", "stream"), [(1, True), (2, True), (1, False), (2, False)])
+def test_a_client_that_leaves_cancels_its_engine_requests(client, served, tiny_engine, n, stream):
+    # seed 25 makes `tiny` decode all 3000 tokens (about 15 s) instead of meeting its EOS
+    body = {"model": "policy", "messages": USER, "max_tokens": 3000, "seed": 25, "n": n}
+    url, session = served[0] + "/chat/completions", {"X-Session-Id": f"leaves-{n}-{stream}"}
+    if stream:
+        with httpx.stream(
+            "POST", url, json={**body, "stream": True}, headers=session, timeout=60
+        ) as sse:
+            lines = sse.iter_lines()
+            assert next(lines).startswith("data: ")
+            next(lines)
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # leaves while the engine decodes
+            httpx.post(url, json=body, headers=session, timeout=0.5)
     scheduler = tiny_engine._scheduler
     deadline = time.monotonic() + 30
     while (scheduler._batch is not None or scheduler._waiting) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert scheduler._batch is None and not scheduler._waiting  # no row decodes on for nobody
+    assert served[1].session(f"leaves-{n}-{stream}").turns == ()  # nothing finished
     reply, _ = create(client)
     assert reply.choices[0].message.role == "assistant"

@@ -26,6 +26,7 @@ def test_arguments_become_a_typed_config():
         "127.0.0.1",
     )
     assert config.remote_token_ids is True
+    assert parse_args(["session_idle_s=90.5"]).session_idle_s == 90.5
 
 
 @pytest.mark.parametrize(
@@ -37,6 +38,8 @@ def test_arguments_become_a_typed_config():
         (["host=0.0.0.0"], "api_key"),
         (["turn_type=both"], "turn_type"),
         (["engine=remote"], "base_url"),
+        (["session_idle_s=0"], "session_idle_s"),
+        (["session_idle_s=soon"], "could not convert"),
     ],
 )
 def test_bad_arguments_say_what_to_fix(args, error, monkeypatch):

@@ -80,6 +80,21 @@ def test_turns_filter_by_type_and_page_by_cursor(store):
     assert len(store.turns(limit=2)) == 2
 
 
+def test_settled_turns_have_a_next_state_or_an_ended_session(store):
+    store.add_session(Session("live", "e"))
+    store.add_session(Session("ended", "e"))
+    for session_id in ("live", "ended"):
+        for index in range(3):
+            store.add_turn(make_turn(session_id=session_id, index=index))
+    store.set_next_state("live", 0, [{"role": "user", "content": "ok"}])
+    store.end_turns([("live", 1), ("live", 0)])  # nothing followed 1: settled too
+    store.finish_session("ended")
+    settled = [(t.session_id, t.index) for _, t in store.turns(settled=True)]
+    assert settled == [("live", 0), ("live", 1), ("ended", 0), ("ended", 1), ("ended", 2)]
+    assert store.session("live").turns[1].next_state == ()
+    assert store.session("live").turns[0].next_state == ({"role": "user", "content": "ok"},)
+
+
 def test_eight_writer_threads_lose_nothing(store):
     def write(worker):
         store.add_session(Session(f"s{worker}", "e"))

@@ -3,7 +3,7 @@ import pytest
 
 import envs  # noqa: F401  (registers the clawgym/ environments)
 from agents.engines.base import Completion, SamplingParams
-from agents.trajectory import Session, SessionStatus
+from agents.trajectory import Judgement, Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
 from trainers.config import JudgeConfig
 from trainers.judge import (
@@ -151,6 +151,19 @@ def test_turn_without_next_state_waits_while_its_session_is_open(tiny_engine):
     assert judge.judge(turn, Session("s", "e"), want_hint=False) is None
     closed = judge.judge(turn, Session("s", "e", status=SessionStatus.DONE), want_hint=False)
     assert closed.score == 0.0 and closed.votes == () and closed.hint is None
+
+
+@pytest.mark.parametrize("kind", ["self", "feedback"])
+def test_an_empty_next_state_is_final_and_masked_in_an_open_session(tiny_engine, kind):
+    """The proxy ends a turn nothing continued with an empty next state: no vote is
+    asked (the scripted voter has none to give), the turn is masked."""
+    judge = (
+        LLMJudge(JudgeConfig(votes=1, decoding="free"), ScriptedVoter([], []), tiny_engine)
+        if kind == "self"
+        else build_judge(JudgeConfig(kind="feedback"), tiny_engine)
+    )
+    judgement = judge.judge(make_turn(next_state=()), Session("s", "e"), want_hint=True)
+    assert judgement == Judgement()
 
 
 @pytest.mark.parametrize(("outcome", "score"), [(1.0, 1.0), (0.0, 0.0), (-0.5, -1.0), (None, 0.0)])
