@@ -478,7 +478,8 @@ def _build_app(proxy: Proxy) -> ASGIApp:
     @routes.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         proxy.check_key(request.headers)
-        return {"object": "list", "data": [_model_card(name) for name in ("policy", "base")]}
+        names = dict.fromkeys(("policy", proxy.config.model_name, "base"))  # the alias too
+        return {"object": "list", "data": [_model_card(name) for name in names]}
 
     @routes.get("/v1/models/{name:path}")
     async def model(request: Request, name: str) -> dict[str, Any]:

@@ -501,3 +501,16 @@ def test_a_client_that_leaves_cancels_its_engine_requests(client, served, tiny_e
     assert served[1].session(f"leaves-{n}-{stream}").turns == ()  # nothing finished
     reply, _ = create(client)
     assert reply.choices[0].message.role == "assistant"
+
+
+def test_the_served_models_name_is_listed_and_answers(tiny_engine, tmp_path):
+    with (
+        Store(tmp_path / "s.sqlite") as store,
+        running(tiny_engine, store, ProxyConfig(model_name="tiny")) as (url, _),
+    ):
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["policy", "tiny", "base"]
+        assert client.models.retrieve("tiny").id == "tiny"
+        raw = client.chat.completions.with_raw_response.create(model="tiny", messages=USER, **SHORT)
+        (turn,) = store.session(raw.headers["x-session-id"]).turns
+        assert turn.turn_type is TurnType.MAIN  # the policy under its own name
