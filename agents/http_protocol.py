@@ -7,7 +7,10 @@ event loop go out as one, at the start of the next: a small response round trip 
 0.07 ms less here (0.90 -> 0.83 ms to a server that does nothing, measured), and a
 stream's events that come in the same iteration share a write too.
 
-`agents.serve` runs the proxy with `CoalescingHttpProtocol`.
+`agents.serve` runs the proxy with `CoalescingHttpProtocol`. It also puts a future in
+each request's ASGI scope, `scope["extensions"][CONNECTION_LOST]`, done when the client's
+connection is lost: an application learns that a client left with a callback, where ASGI
+alone needs a task waiting on `receive()` for each request (0.1 ms a request here).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+CONNECTION_LOST = "clawgym.connection_lost"
+"""The scope extension holding the future of the request's connection being lost."""
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -92,7 +98,18 @@ class CoalescingTransport(asyncio.Transport):
 
 
 class CoalescingHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a `CoalescingTransport`."""
+    """uvicorn's httptools protocol writing through a `CoalescingTransport`, telling its
+    requests when the connection is lost."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         super().connection_made(CoalescingTransport(transport))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {CONNECTION_LOST: self.lost}  # type: ignore[dict-item]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        super().connection_lost(exc)

@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agents import openai_api as api
 from agents.chat_request import ChatRequest, validation_message
 from agents.engines.base import BASE, POLICY, Completion, Engine, SamplingParams, TokenChunk
+from agents.http_protocol import CONNECTION_LOST
 from agents.sessions import SessionEnded, SessionInfo, SessionRefused, SessionTracker, identify
 from agents.store import Store
 from agents.trajectory import TurnType
@@ -120,9 +121,11 @@ class Proxy:
             raise api.ApiError(401, "a valid API key is required", code="invalid_api_key")
 
     # -- chat completions ----------------------------------------------------------------
-    async def chat(self, headers: Mapping[str, str], raw: bytes, receive: Receive) -> ASGIApp:
+    async def chat(
+        self, headers: Mapping[str, str], raw: bytes, scope: Scope, receive: Receive
+    ) -> ASGIApp:
         """The response to a chat-completions request (`headers` with lower-case names);
-        `receive` tells when the client leaves."""
+        `scope` and `receive` tell when the client leaves."""
         chat = _chat_request(raw)
         try:  # the body's session fields are extra fields of the request: identify pops them
             info = identify(headers, chat.model_extra or {}, self.config.default_turn_type)
@@ -140,7 +143,7 @@ class Proxy:
                 media_type="text/event-stream",
                 headers={"X-Session-Id": turn.info.session_id},
             )
-        return _Json(await turn.complete(receive), session_id=turn.info.session_id)
+        return _Json(await turn.complete(scope, receive), session_id=turn.info.session_id)
 
     def _expire_sessions(self) -> None:
         """Starts the loop task that ends idle sessions' open turns (again on a new loop)."""
@@ -250,7 +253,7 @@ class _Turn:
                 409, str(error), param="X-Session-Id", code="session_ended"
             ) from error
 
-    async def complete(self, receive: Receive) -> dict[str, Any]:
+    async def complete(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         """The whole non-streaming request; a client that leaves cancels it."""
         engine = self.proxy.engine
         await self._begin()
@@ -258,7 +261,7 @@ class _Turn:
             engine.agenerate(self.messages, self.tools, s, self.adapter) for s in self.sampling
         ]
         try:
-            completions = await _all(calls, receive)
+            completions = await _all(calls, scope, receive)
         except ClientDisconnect:
             raise
         except Exception as error:
@@ -354,17 +357,22 @@ class _Turn:
         return _sse(api.chunk(self.chat, self.id, self.created, choices, **extra))
 
 
-async def _all(calls: list[Coroutine[Any, Any, T]], receive: Receive) -> list[T]:
+async def _all(calls: list[Coroutine[Any, Any, T]], scope: Scope, receive: Receive) -> list[T]:
     """Awaits every call; the first failure cancels the others and is raised, so does a
-    client that leaves meanwhile (as `ClientDisconnect`): nothing is sampled for nobody."""
+    client that leaves meanwhile (as `ClientDisconnect`): nothing is sampled for nobody.
+
+    The server's connection-lost future (`agents.http_protocol`) says the client left;
+    under another ASGI server a task waits on `receive()` for it.
+    """
     tasks = [asyncio.ensure_future(call) for call in calls]
-    left = asyncio.ensure_future(_disconnected(receive))
+    lost = scope.get("extensions", {}).get(CONNECTION_LOST)
+    left = lost if lost is not None else asyncio.ensure_future(_disconnected(receive))
 
     def cancel(_: object) -> None:
         for task in tasks:
             task.cancel()
 
-    left.add_done_callback(cancel)  # not asyncio.wait: a callback costs less a request
+    left.add_done_callback(cancel)
     try:
         return [await task for task in tasks]
     except BaseException as error:
@@ -374,7 +382,8 @@ async def _all(calls: list[Coroutine[Any, Any, T]], receive: Receive) -> list[T]
         raise
     finally:
         left.remove_done_callback(cancel)
-        left.cancel()
+        if left is not lost:
+            left.cancel()
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -525,7 +534,7 @@ async def _chat_completions(proxy: Proxy, scope: Scope, receive: Receive, send: 
         }
         proxy.check_key(headers)
         body = await _body(receive, proxy.config.max_body_bytes)
-        response = await proxy.chat(headers, body, receive)
+        response = await proxy.chat(headers, body, scope, receive)
     except api.ApiError as error:
         response = _Json(error.body(), status=error.status)
     except ClientDisconnect:

@@ -4,6 +4,7 @@ headers (OpenClaw's included), the API key, and every kind of bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -514,3 +515,37 @@ def test_the_served_models_name_is_listed_and_answers(tiny_engine, tmp_path):
         raw = client.chat.completions.with_raw_response.create(model="tiny", messages=USER, **SHORT)
         (turn,) = store.session(raw.headers["x-session-id"]).turns
         assert turn.turn_type is TurnType.MAIN  # the policy under its own name
+
+
+@pytest.mark.parametrize("server_future", [True, False])
+def test_a_client_leaving_cancels_the_calls_with_or_without_the_servers_future(server_future):
+    """`_all` learns of the client leaving from `agents.http_protocol`'s future, or, under
+    another ASGI server, from `receive()`."""
+    from starlette.requests import ClientDisconnect
+
+    from agents.http_protocol import CONNECTION_LOST
+    from agents.proxy import _all
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        lost, never = loop.create_future(), loop.create_future()
+        scope = {"type": "http", "extensions": {CONNECTION_LOST: lost}} if server_future else {}
+
+        async def receive():
+            await asyncio.sleep(0.05)
+            return {"type": "http.disconnect"}
+
+        async def decode():
+            await never
+
+        calls = [decode(), decode()]
+        loop.call_later(0.05, lost.set_result, None)
+        with pytest.raises(ClientDisconnect):
+            await asyncio.wait_for(_all(calls, scope, receive), timeout=5)
+        if server_future:  # the connection is gone: nothing more is served on it
+            with pytest.raises(ClientDisconnect):
+                await _all([asyncio.sleep(0, "done")], scope, receive)
+        else:  # a call that ends before the client leaves is answered
+            assert await _all([asyncio.sleep(0, "done")], scope, receive) == ["done"]
+
+    asyncio.run(scenario())
