@@ -17,7 +17,7 @@ from agents.engines.embedded import EmbeddedEngine
 from agents.proxy import ProxyConfig
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnType
-from tests.agents.serving import running
+from tests.agents.serving import running, served_client
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 SHORT = {"max_tokens": 6, "temperature": 1.0}
@@ -202,11 +202,7 @@ def test_a_client_without_session_ids_trains_on_linked_turns(client, store):
 
 
 def test_an_idle_sessions_last_reply_ends_empty(tiny_engine, tmp_path):
-    with (
-        Store(tmp_path / "s.sqlite") as store,
-        running(tiny_engine, store, ProxyConfig(session_idle_s=1.0)) as (url, _),
-    ):
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    with served_client(tiny_engine, tmp_path, ProxyConfig(session_idle_s=1.0)) as (client, store):
         create(client, headers={"X-Session-Id": "quiet"})
         deadline = time.monotonic() + 10
         while store.session("quiet").turns[0].next_state is None:
@@ -261,11 +257,8 @@ def test_openclaw_affinity_headers_and_transient_context(client, store):
 
 
 def test_default_turn_type_is_configurable(tiny_engine, tmp_path):
-    with (
-        Store(tmp_path / "s.sqlite") as store,
-        running(tiny_engine, store, ProxyConfig(default_turn_type=TurnType.SIDE)) as (url, _),
-    ):
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    config = ProxyConfig(default_turn_type=TurnType.SIDE)
+    with served_client(tiny_engine, tmp_path, config) as (client, store):
         _, headers = create(client)
         assert store.session(headers["x-session-id"]).turns[0].turn_type is TurnType.SIDE
 
@@ -378,11 +371,7 @@ def test_a_bad_publish_is_a_400_and_serving_goes_on(client, served, body):
 
 
 def test_a_body_over_the_limit_is_a_413(tiny_engine, tmp_path):
-    with (
-        Store(tmp_path / "s.sqlite") as store,
-        running(tiny_engine, store, ProxyConfig(max_body_bytes=1000)) as (url, _),
-    ):
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    with served_client(tiny_engine, tmp_path, ProxyConfig(max_body_bytes=1000)) as (client, _):
         with pytest.raises(openai.APIStatusError) as raised:
             create(client, [{"role": "user", "content": "x" * 1000}])
         assert raised.value.status_code == 413 and raised.value.body["code"] == "request_too_large"
@@ -505,11 +494,7 @@ def test_a_client_that_leaves_cancels_its_engine_requests(client, served, tiny_e
 
 
 def test_the_served_models_name_is_listed_and_answers(tiny_engine, tmp_path):
-    with (
-        Store(tmp_path / "s.sqlite") as store,
-        running(tiny_engine, store, ProxyConfig(model_name="tiny")) as (url, _),
-    ):
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    with served_client(tiny_engine, tmp_path, ProxyConfig(model_name="tiny")) as (client, store):
         assert [m.id for m in client.models.list()] == ["policy", "tiny", "base"]
         assert client.models.retrieve("tiny").id == "tiny"
         raw = client.chat.completions.with_raw_response.create(model="tiny", messages=USER, **SHORT)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from agents.engines.aio import ThreadedAsync
 from agents.engines.base import POLICY, Completion, SamplingParams, TokenChunk
 from agents.engines.embedded import EmbeddedEngine
-from agents.store import Store
-from tests.agents.serving import running
+from tests.agents.serving import served_client
 
 REPLY = (
     "Let me compute. <tool_call>\n"
@@ -93,10 +91,9 @@ def tiny_engine():
 
 @pytest.fixture(scope="module")
 def served(tiny_engine, tmp_path_factory):
-    store = Store(tmp_path_factory.mktemp("tools") / "store.sqlite")
-    with running(ScriptedEngine(tiny_engine, REPLY), store) as (url, _):
-        yield openai.OpenAI(base_url=url, api_key="x", max_retries=0), store
-    store.close()
+    engine = ScriptedEngine(tiny_engine, REPLY)
+    with served_client(engine, tmp_path_factory.mktemp("tools")) as client_and_store:
+        yield client_and_store
 
 
 def test_tool_calls_come_back_in_openai_format_and_are_stored(served):

@@ -11,8 +11,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from agents.store import Store
-from tests.agents.serving import running
+from tests.agents.serving import served_client
 from tests.agents.test_proxy_tools import REPLY, TOOLS, USER, ScriptedEngine
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}
@@ -21,19 +20,16 @@ SEARCH = {"type": "function", "function": {"name": "search"}}
 
 @pytest.fixture(scope="module")
 def served(tiny_engine, tmp_path_factory):
-    store = Store(tmp_path_factory.mktemp("validation") / "store.sqlite")
-    with running(tiny_engine, store) as (url, _):
-        yield openai.OpenAI(base_url=url, api_key="unused-on-loopback", max_retries=0), store
-    store.close()
+    with served_client(tiny_engine, tmp_path_factory.mktemp("validation")) as client_and_store:
+        yield client_and_store
 
 
 @pytest.fixture(scope="module")
 def scripted(tiny_engine, tmp_path_factory):
     """The proxy over an engine whose model always writes `REPLY`, a tool call."""
-    store = Store(tmp_path_factory.mktemp("validation-tools") / "store.sqlite")
-    with running(ScriptedEngine(tiny_engine, REPLY), store) as (url, _):
-        yield openai.OpenAI(base_url=url, api_key="unused-on-loopback", max_retries=0), store
-    store.close()
+    engine = ScriptedEngine(tiny_engine, REPLY)
+    with served_client(engine, tmp_path_factory.mktemp("validation-tools")) as client_and_store:
+        yield client_and_store
 
 
 BAD = {
