@@ -191,22 +191,26 @@ class BwrapSandbox(Sandbox):
         process = self._process
         if process is None:
             return
-        tree = _descendants(process.pid)
-        if keep_shell:
+        if not keep_shell:
+            victims = [process.pid, *_descendants(process.pid)]
+            victims += [p for p in self.limits.pids() if p not in victims]
+            _kill(victims)
+            self._reap(process)
+            return
+        # A fork bomb forks between the listing of its processes and their killing, and the
+        # children of a killed one live on under the init: the listing is repeated until
+        # no process but the shell is left (each round leaves fewer that can fork).
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            tree = _descendants(process.pid)
             # the outer bwrap, its pid-1 init and the shell (the init's only child) stay
             init = tree[0] if tree else None
             shell = _children(init)[:1] if init else []
-            victims = [p for p in tree if p not in (init, *shell)]
-        else:
-            victims = [process.pid, *tree]
-        victims += [p for p in self.limits.pids() if p not in victims and not keep_shell]
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if not keep_shell:
-            self._reap(process)
+            victims = [p for p in tree if p not in (init, *shell) and not _zombie(p)]
+            if not victims:
+                return
+            _kill(victims)
+        logger.warning("bwrap sandbox %s: processes still forking after 5 s of kills", process.pid)
 
     def _reap(self, process: subprocess.Popen[bytes]) -> None:
         try:
@@ -370,6 +374,23 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(p) for p in text.split()]
+
+
+def _zombie(pid: int) -> bool:
+    """Whether a process is dead and waits for its parent (or is gone): none to kill."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("Z", "X")
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _descendants(pid: int) -> list[int]:
