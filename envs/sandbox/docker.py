@@ -52,12 +52,17 @@ _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
 # Kills every process but init, its first child (the keep-alive), this script and $1.
 _KILL = (
-    'main=""; for d in /proc/[0-9]*; do p=${d#/proc/}; '
-    'read -r _ _ _ pp _ <"$d/stat" 2>/dev/null || continue; '
-    'if [ "$pp" = 1 ] && { [ -z "$main" ] || [ "$p" -lt "$main" ]; }; then main=$p; fi; done; '
     "for d in /proc/[0-9]*; do p=${d#/proc/}; "
-    'case $p in 1|$$|"$1"|"$main") ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+    'read -r _ _ _ pp _ <"$d/stat" 2>/dev/null || continue; '
+    'read -r comm <"$d/comm" 2>/dev/null || continue; '
+    'if [ "$pp" = 1 ] && [ "$comm" = sleep ]; then continue; fi; '
+    'case $p in 1|$$|"$1") ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
 )
+"""Kills every process of the container but its init, the init's `sleep infinity` (the
+container ends with it) and the shell whose pid is `$1`. The keep-alive is found by its
+name, not as the init's lowest pid: a fork bomb's churn wraps pids around (pid_max is 32768
+here), and an orphan with a lower pid than the keep-alive's took its place. An orphaned
+`sleep` of the agent's is spared too: it forks nothing and ends by itself."""
 _reaped = threading.Event()
 
 
@@ -98,8 +103,9 @@ def _start_time(pid: int) -> str:
 
 
 def _spared(host_pids: list[str], keep: str) -> set[str]:
-    """Host pids of the container's init, its keep-alive child and the process whose pid
-    inside the container is `keep` (the shell)."""
+    """Host pids of the container's init, its keep-alive child (`sleep infinity`, found by
+    name as in `_KILL`) and the process whose pid inside the container is `keep` (the
+    shell)."""
     inner: dict[str, tuple[str, str]] = {}  # host pid -> (pid inside, host parent pid)
     for pid in host_pids:
         try:
@@ -109,11 +115,16 @@ def _spared(host_pids: list[str], keep: str) -> set[str]:
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
         inner[pid] = (fields.get("NSpid", "").split()[-1:] or [""])[0], fields.get("PPid", "")
     init = next((p for p, (ns, _) in inner.items() if ns == "1"), None)
-    children = sorted(
-        (int(ns), p) for p, (ns, parent) in inner.items() if parent == init and ns.isdigit()
-    )
+    keepalive = {p for p, (_, parent) in inner.items() if parent == init and _comm(p) == "sleep"}
     spared = {p for p, (ns, _) in inner.items() if ns == keep}
-    return spared | ({init} if init else set()) | ({children[0][1]} if children else set())
+    return spared | keepalive | ({init} if init else set())
+
+
+def _comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def owner_label() -> str:
