@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agents import openai_api as api
 from agents.chat_request import ChatRequest, validation_message
 from agents.engines.base import BASE, POLICY, Completion, Engine, SamplingParams, TokenChunk
+from agents.episode_routes import add_episode_routes
 from agents.http_protocol import CONNECTION_LOST
 from agents.sessions import SessionEnded, SessionInfo, SessionRefused, SessionTracker, identify
 from agents.store import Store
@@ -143,7 +144,8 @@ class Proxy:
                 media_type="text/event-stream",
                 headers={"X-Session-Id": turn.info.session_id},
             )
-        return _Json(await turn.complete(scope, receive), session_id=turn.info.session_id)
+        payload = await turn.complete(scope, receive)
+        return _Json(payload, session_id=turn.info.session_id, turn_index=turn.first_index)
 
     def _expire_sessions(self) -> None:
         """Starts the loop task that ends idle sessions' open turns (again on a new loop)."""
@@ -227,6 +229,8 @@ class _Turn:
         self.id = f"chatcmpl-{secrets.token_hex(16)}"
         self.created = int(time.time())
         self.sampling = [self._sampling(i) for i in range(chat.n)]
+        self.first_index: int | None = None
+        """The session index of the request's first turn, once committed."""
 
     def _sampling(self, choice: int) -> SamplingParams:
         chat = self.chat
@@ -274,7 +278,9 @@ class _Turn:
             api.choice_message(c, f"call_{self.id[9:21]}_{i}") for i, c in enumerate(completions)
         ]
         await self.proxy._checkpoints.writable()
-        self.proxy.sessions.commit(self.info, self.messages, completions, replies, self.tools or ())
+        self.first_index = self.proxy.sessions.commit(
+            self.info, self.messages, completions, replies, self.tools or ()
+        )
         self.proxy._checkpoints.wrote(len(completions))
         return replies
 
@@ -511,6 +517,8 @@ def _build_app(proxy: Proxy) -> ASGIApp:
             raise api.ApiError(409 if "newer" in str(error) else 400, str(error)) from error
         return {"policy_version": proxy.engine.policy_version}
 
+    add_episode_routes(routes, proxy)
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
             await _chat_completions(proxy, scope, receive, send)
@@ -564,16 +572,27 @@ def _model_card(name: str) -> dict[str, Any]:
 
 
 class _Json:
-    """A JSON response as two ASGI messages, with the session's header when there is one."""
+    """A JSON response as two ASGI messages, with the session's headers when there are:
+    `X-Session-Id`, and `X-Turn-Index` (the index of the request's first turn, which an
+    episode's client reports rewards by)."""
 
-    def __init__(self, payload: dict[str, Any], status: int = 200, session_id: str | None = None):
+    def __init__(
+        self,
+        payload: dict[str, Any],
+        status: int = 200,
+        session_id: str | None = None,
+        turn_index: int | None = None,
+    ):
         self.payload, self.status, self.session_id = payload, status, session_id
+        self.turn_index = turn_index
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = json.dumps(self.payload, ensure_ascii=False, separators=(",", ":")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         if self.session_id is not None:
             headers.append((b"x-session-id", self.session_id.encode("latin-1")))
+        if self.turn_index is not None:
+            headers.append((b"x-turn-index", b"%d" % self.turn_index))
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -108,14 +108,14 @@ def identify(
     if str(kind).lower() not in ("main", "side"):
         raise SessionRefused(f"turn type must be 'main' or 'side', got {kind!r}", "X-Turn-Type")
     return SessionInfo(
-        session_id=_checked_id(session_id) if session_id else uuid.uuid4().hex,
+        session_id=checked_id(session_id) if session_id else uuid.uuid4().hex,
         turn_type=TurnType(str(kind).lower()),
         done=str(done).lower() in _TRUE if done is not None else False,
         named=bool(session_id),
     )
 
 
-def _checked_id(value: Any) -> str:
+def checked_id(value: Any) -> str:
     """A session id as given, if it can go back in a response header and into logs."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise SessionRefused(f"a session id is a string, got {value!r}", "X-Session-Id")
@@ -319,6 +319,52 @@ class SessionTracker:
         self._forget_keys(session_id, closed)
         return [(end.index, added), *((e.index, []) for e in siblings)]
 
+    def open(self, session: Session) -> None:
+        """Opens a session its client describes before its first request (a simulated
+        episode names its env, task and group).
+
+        Raises:
+            SessionRefused: the id is taken.
+        """
+        try:
+            self.store.add_session(session)
+        except sqlite3.IntegrityError as error:
+            raise SessionRefused(
+                f"the session {session.session_id!r} exists already; use a new id", "session_id"
+            ) from error
+        with self._lock:
+            self._states.setdefault(session.session_id, _State())
+
+    def end(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        rewards: Mapping[int, float],
+        outcome_reward: float | None,
+        status: SessionStatus = SessionStatus.DONE,
+    ) -> None:
+        """Ends an episode: the final history gives the turn it continues its next state
+        (the environment's last observation), the session's other open ends end empty,
+        each turn gets its environment reward, and the session its outcome.
+
+        Raises:
+            KeyError: no such session.
+            SessionEnded: the session was ended already.
+        """
+        self.store.session_status(session_id)  # a KeyError for an unknown id
+        state = self._state(SessionInfo(session_id, TurnType.MAIN, False), refuse_ended=True)
+        kept = [m for m in messages if not is_transient(m)]
+        with self._lock:
+            links = self._links(session_id, state, kept) if kept and state.open_ends else []
+            rest, state.open_ends = state.open_ends, []
+            self._forget_keys(session_id, rest)
+            self._states.pop(session_id, None)
+        for index, added in links:
+            self.store.set_next_state(session_id, index, added)
+        self.store.end_turns((session_id, end.index) for end in rest)
+        self.store.set_env_rewards(session_id, rewards)
+        self.store.finish_session(session_id, outcome_reward, status)
+
     def commit(
         self,
         info: SessionInfo,
@@ -326,9 +372,9 @@ class SessionTracker:
         completions: Sequence[Completion],
         replies: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] = (),
-    ) -> None:
-        """Commits the request's turns at the session's next indexes; closes the session if
-        the client said so."""
+    ) -> int:
+        """Commits the request's turns at the session's next indexes (returns the first);
+        closes the session if the client said so."""
         state = self._state(info)
         with self._lock:
             first, state.next_index = state.next_index, state.next_index + len(completions)
@@ -337,7 +383,8 @@ class SessionTracker:
             self.store.add_turn(_turn(info, first + offset, messages, completion, reply, tools))
         if info.done:
             self.close(info.session_id)
-        elif info.turn_type is TurnType.MAIN:
+            return first
+        if info.turn_type is TurnType.MAIN:
             prompt = tuple(m for m in messages if not is_transient(m))
             ends = [
                 _OpenEnd(
@@ -359,6 +406,7 @@ class SessionTracker:
                 del state.open_ends[:-MAX_OPEN_ENDS]
                 self._forget_keys(info.session_id, stale)
                 self._ended.extend((info.session_id, end.index) for end in stale)
+        return first
 
     def close(self, session_id: str) -> None:
         """Marks the session done; its state is forgotten."""

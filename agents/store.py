@@ -16,7 +16,7 @@ import json
 import sqlite3
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -225,6 +225,17 @@ class Store:
         if not found:
             raise KeyError(f"no session {session_id!r} in {self.path}")
 
+    def session_status(self, session_id: str) -> SessionStatus:
+        """A session's status, without reading its turns."""
+        row = (
+            self._db()
+            .execute("SELECT status FROM sessions WHERE session_id=?", (session_id,))
+            .fetchone()
+        )
+        if row is None:
+            raise KeyError(f"no session {session_id!r} in {self.path}")
+        return SessionStatus(row[0])
+
     def session(self, session_id: str) -> Session:
         """A session with all its turns, in order."""
         row = (
@@ -292,6 +303,14 @@ class Store:
             "next_state=?, env_reward=COALESCE(?, env_reward)",
             (_json(list(next_state)), env_reward),
         )
+
+    def set_env_rewards(self, session_id: str, rewards: Mapping[int, float]) -> None:
+        """Records the environment's reward of each turn (by index), in one transaction."""
+        with self._write() as db:
+            db.executemany(
+                "UPDATE turns SET env_reward=? WHERE session_id=? AND idx=?",
+                [(float(r), session_id, int(i)) for i, r in rewards.items()],
+            )
 
     def end_turns(self, keys: Iterable[tuple[str, int]]) -> None:
         """Gives the turns (session id, index) that nothing continued an empty next state,

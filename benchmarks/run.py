@@ -78,7 +78,7 @@ def benchmark(config: BenchConfig, resolved: dict[str, Any] | None = None) -> Be
         ResultsStore(out / "results.sqlite") as results,
         Store(out / "trajectories" / f"{run_id}.sqlite") as trajectories,
         Engines(
-            config.threads, config.serve, str(out / "proxy" / f"{run_id}.sqlite"), api_key
+            config.engine, config.serve, str(out / "proxy" / f"{run_id}.sqlite"), api_key
         ) as engines,
     ):
         results.start_run(run_id, config.suite, resolved or asdict(config), _git_commit())

@@ -1,4 +1,6 @@
-"""Typed configs of `python -m trainers.run`, composed by Hydra from `trainers/conf/`.
+"""Typed configs of `python -m trainers.run`, composed by Hydra from `trainers/conf/` on top
+of the shared groups of `agents/conf/` (model, engine, env; their schemas are in
+`agents.config`).
 
 Each component receives its own sub-config. Every field has a one-line doc, and
 `validate` says how to fix a bad value.
@@ -7,57 +9,19 @@ Each component receives its own sub-config. Every field has a one-line doc, and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-
-@dataclass
-class EnvConfig:
-    """Which environment the rollouts play."""
-
-    id: str = "clawgym/Arith-v0"
-    """A registered gymnasium id (`clawgym/<Name>-v0`)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Registration kwargs of the variant, e.g. {split: test, max_turns: 4}."""
-    group_size: int = 1
-    """Rollouts per task sharing a group id (the GRPO baseline is taken over a group)."""
-    users: str = "simulated"
-    """simulated: the env's own users or tasks drive episodes; live: real clients talk to
-    the proxy and nothing is rolled out (Chat-v0's `env.users=live`)."""
-    outcome_is_reward: bool = True
-    """Whether the env's outcome reward trains (false for Chat-v0, whose reward is 0 and
-    whose preference score is for evaluation only)."""
-
-
-@dataclass
-class ModelConfig:
-    """The policy's base model."""
-
-    name: str = "smollm2-135m"
-    """A name `agents.models.resolve` knows (tiny, smollm2-135m), a directory or a hub id."""
-
-
-@dataclass
-class EngineConfig:
-    """How the policy is served."""
-
-    backend: str = "embedded"
-    """Only `embedded` (transformers in process) so far; vllm and remote come with serving."""
-    threads: int | None = None
-    """torch CPU threads for the embedded engine (None: torch's default)."""
-
-
-@dataclass
-class SamplingConfig:
-    """Sampling of every policy turn."""
-
-    temperature: float = 0.6
-    """0 is greedy; OpenClaw-RL samples at 0.6."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_tokens: int = 96
-    """Tokens per assistant turn."""
+from agents.config import (
+    EngineConfig,
+    EnvConfig,
+    ModelConfig,
+    SamplingConfig,
+    ServeSection,
+    validate_engine,
+    validate_env,
+    validate_serve,
+)
 
 
 @dataclass
@@ -172,33 +136,16 @@ class TrainerConfig:
     """Run rollout, judging and training concurrently; false alternates them strictly."""
     wandb_project: str | None = None
     """Also log metrics to this W&B project (needs `pip install wandb`)."""
+    device: str = "auto"
+    """Where the learner trains: auto (cuda when present, else cpu), cpu or cuda."""
+    dtype: str = "auto"
+    """The learner's weights: auto (bfloat16 on a GPU that has it, else float32), float32
+    or bfloat16. The LoRA weights and the optimiser state stay float32."""
 
     @property
     def backlog(self) -> int:
         """`max_backlog`, or its default of two batches."""
         return self.max_backlog if self.max_backlog is not None else 2 * self.batch_turns
-
-
-@dataclass
-class ServeSection:
-    """The OpenAI-compatible proxy the trainer serves the policy through (agents/proxy.py):
-    always with `env.users=live`, on request during simulated runs."""
-
-    enabled: bool = False
-    """Also serve clients during a simulated run (their main turns train too)."""
-    host: str = "127.0.0.1"
-    """Bind address; beyond loopback needs `serve.api_key`."""
-    port: int = 30000
-    """Listening port (0: any free port, logged at start)."""
-    api_key: str | None = None
-    """Bearer key clients must send (required beyond loopback)."""
-    turn_type: str = "main"
-    """Turn type of requests without `X-Turn-Type`: main turns train, side turns do not."""
-    max_tokens: int = 512
-    """Completion budget of requests that set none."""
-    session_idle_s: float = 600.0
-    """A session idle this long has its replies that nothing followed masked (judged
-    empty), so the judge moves on without them."""
 
 
 @dataclass
@@ -221,11 +168,18 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raises ValueError, saying the fix, for any value the run cannot use."""
-    if config.env.group_size < 1:
-        raise ValueError(f"env.group_size must be >= 1, got {config.env.group_size}")
-    if config.engine.backend != "embedded":
+    validate_env(config.env)
+    validate_engine(config.engine)
+    validate_serve(config.serve)
+    if config.engine.backend == "remote":
         raise ValueError(
-            f"engine.backend={config.engine.backend!r} is not available yet; use engine=embedded"
+            "engine=remote cannot train (the trainer publishes adapters to the engine it "
+            "serves); use engine=embedded or engine=vllm"
+        )
+    if config.engine.backend == "vllm" and config.trainer.lora_rank > config.engine.max_lora_rank:
+        raise ValueError(
+            f"trainer.lora_rank={config.trainer.lora_rank} is above what vLLM accepts "
+            f"(engine.max_lora_rank={config.engine.max_lora_rank}); raise engine.max_lora_rank"
         )
     if config.method.name not in ("binary", "opd", "combine"):
         raise ValueError(
@@ -252,27 +206,12 @@ def validate(config: RunConfig) -> None:
         )
     if not 0 <= config.trainer.clip_low < 1 or config.trainer.clip_high < 0:
         raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
-    if config.env.users not in ("simulated", "live"):
-        raise ValueError(f"env.users must be simulated or live, got {config.env.users!r}")
-    if config.serve.turn_type not in ("main", "side"):
-        raise ValueError(f"serve.turn_type must be main or side, got {config.serve.turn_type!r}")
-    if not 0 <= config.serve.port < 65536:
-        raise ValueError(f"serve.port must be in 0..65535, got {config.serve.port}")
-    if not config.serve.api_key and not _is_loopback(config.serve.host):
+    if config.trainer.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"trainer.device must be auto, cpu or cuda, got {config.trainer.device!r}")
+    if config.trainer.dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(
-            f"serve.host={config.serve.host} is beyond loopback: set serve.api_key=... too"
+            f"trainer.dtype must be auto, float32 or bfloat16, got {config.trainer.dtype!r}"
         )
-    if not config.env.id.startswith("clawgym/"):
-        raise ValueError(f"env.id must be a clawgym/ id, got {config.env.id!r}")
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def register_configs() -> None:

@@ -62,6 +62,8 @@ class StepMetrics:
     logprob_gap: float
     """Mean |learner - rollout| log-prob over tokens of on-policy turns (sampled by the
     adapter being trained): the train / rollout mismatch."""
+    logprob_gap_max: float
+    """The largest |learner - rollout| log-prob of any one such token."""
     grad_norm: float
     seconds: float
 
@@ -80,6 +82,8 @@ def token_logprobs(
     for row, sequence in enumerate(sequences):
         ids[row, : len(sequence)] = torch.tensor(sequence)
         mask[row, : len(sequence)] = 1
+    device = causal_lm.get_output_embeddings().weight.device
+    ids, mask = ids.to(device), mask.to(device)
     hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
     head = causal_lm.get_output_embeddings()
     results = []
@@ -129,6 +133,25 @@ def set_mmap_threshold(size: int) -> bool:
     return bool(mallopt(m_mmap_threshold, size)) and bool(mallopt(m_trim_threshold, size))
 
 
+def learner_device(requested: str, cuda_available: bool) -> str:
+    """Where the learner trains: `requested` (auto: cuda when present, else cpu)."""
+    if requested == "cuda" and not cuda_available:
+        raise ValueError(
+            "trainer.device=cuda, but torch sees no CUDA device; use trainer.device=cpu"
+        )
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    return requested
+
+
+def learner_dtype(requested: str, device: str, bf16_supported: bool) -> torch.dtype:
+    """The base weights' dtype: `requested` (auto: bfloat16 on a GPU that has it, else
+    float32; bf16 on this CPU is 50x slower than fp32)."""
+    if requested == "auto":
+        return torch.bfloat16 if device == "cuda" and bf16_supported else torch.float32
+    return torch.bfloat16 if requested == "bfloat16" else torch.float32
+
+
 def micro_batches(samples: list[TrainSample], token_budget: int) -> list[list[TrainSample]]:
     """Consecutive groups whose padded size (rows x longest) stays within the budget."""
     batches: list[list[TrainSample]] = []
@@ -158,6 +181,12 @@ class Learner:
         if config.mmap_threshold_kb:
             set_mmap_threshold(config.mmap_threshold_kb * 1024)
         base, _ = models.load(model_name)
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(learner_device(config.device, cuda))
+        dtype = learner_dtype(
+            config.dtype, self.device.type, cuda and torch.cuda.is_bf16_supported()
+        )
+        base = base.to(device=self.device, dtype=dtype)
         lora = LoraConfig(
             r=config.lora_rank,
             lora_alpha=config.lora_alpha,
@@ -165,6 +194,7 @@ class Learner:
             lora_dropout=0.0,
             task_type="CAUSAL_LM",
         )
+        # peft keeps the adapter's weights in float32 under a bf16 base (autocast_adapter_dtype)
         self.model = get_peft_model(base, lora)
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(
@@ -204,6 +234,7 @@ class Learner:
             clip_fraction=sums["clip"] / max(sums["batches"], 1),
             mean_advantage=sum(advantages) / max(len(advantages), 1),
             logprob_gap=sums["gap"] / max(sums["gap_tokens"], 1),
+            logprob_gap_max=sums["gap_max"],
             grad_norm=float(norm),
             seconds=round(time.monotonic() - started, 3),
         )
@@ -219,6 +250,7 @@ class Learner:
             "kl": 0.0,
             "clip": 0.0,
             "gap": 0.0,
+            "gap_max": 0.0,
             "gap_tokens": 0,
             "batches": len(batches),
         }
@@ -238,9 +270,10 @@ class Learner:
     ) -> None:
         logprobs = self._logprobs(batch)
         current, prox = _pad(logprobs), _pad(proximal)
-        rollout = _pad([torch.tensor(s.rollout_logprobs) for s in batch])
-        advantages = _pad([torch.tensor(s.advantages) for s in batch])
-        mask = _pad([torch.ones(len(s.completion_ids)) for s in batch])
+        device = current.device
+        rollout = _pad([torch.tensor(s.rollout_logprobs) for s in batch]).to(device)
+        advantages = _pad([torch.tensor(s.advantages) for s in batch]).to(device)
+        mask = _pad([torch.ones(len(s.completion_ids)) for s in batch]).to(device)
         weights = truncated_importance_weights(prox, rollout, self.config.importance_cap)
         loss = clipped_policy_loss(
             current,
@@ -262,10 +295,10 @@ class Learner:
             current, prox, mask, self.config.clip_low, self.config.clip_high
         )
         for sample, learner_lp in zip(batch, proximal, strict=True):
-            if sample.policy_version == self.version:
-                sums["gap"] += float(
-                    (learner_lp - torch.tensor(sample.rollout_logprobs)).abs().sum()
-                )
+            if sample.policy_version == self.version and sample.completion_ids:
+                gaps = (learner_lp.float().cpu() - torch.tensor(sample.rollout_logprobs)).abs()
+                sums["gap"] += float(gaps.sum())
+                sums["gap_max"] = max(sums["gap_max"], float(gaps.max()))
                 sums["gap_tokens"] += len(sample.completion_ids)
 
     def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:

@@ -30,8 +30,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from agents.engines.base import Engine, SamplingParams
-from agents.rollout import EpisodeSummary, run_episode
+from agents.compose import sampling_params
+from agents.engines.base import Engine
+from agents.rollout import EpisodeSummary, Seat, run_episode
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
 from trainers.config import RunConfig
@@ -72,11 +73,13 @@ class Pipeline:
     Args:
         config: the run's config.
         run_dir: where metrics go (the store, adapters and checkpoints live there too).
-        engine: serves the policy for the rollouts.
+        engine: serves the policy (the judge's and teacher's base model too).
         store: the run's store.
         learner: the LoRA learner.
         judge: scores turns and writes hints.
         make_env: builds one environment instance; None when only live clients feed the store.
+        seat: where the rollouts reach the policy (the proxy, `agents.rollout.ProxySeat`);
+            needed with `make_env`.
         publish: hands a new adapter version to the server (defaults to the engine).
         metrics: where step metrics go.
     """
@@ -90,11 +93,14 @@ class Pipeline:
         learner: Learner,
         judge: Judge,
         make_env: Callable[[], gym.Env[Any, Any]] | None,
+        seat: Seat | None = None,
         publish: Publish | None = None,
         metrics: MetricsWriter | None = None,
     ):
+        if make_env is not None and seat is None:
+            raise ValueError("a pipeline that rolls out needs a seat to reach the policy")
         self.config, self.run_dir, self.engine, self.store = config, Path(run_dir), engine, store
-        self.learner, self.judge, self.make_env = learner, judge, make_env
+        self.learner, self.judge, self.make_env, self.seat = learner, judge, make_env, seat
         self.publish = publish or engine.load_adapter
         self.metrics = metrics
         self.progress = Progress()
@@ -105,6 +111,8 @@ class Pipeline:
         self._group = 0
         self._in_training = 0
         """Turns of the batch the learner is on (still judged in the store until done)."""
+        self._failure: tuple[str, BaseException] | None = None
+        """The first loop that stopped on an error, and the error."""
 
     # -- running -------------------------------------------------------------------------
     def run(self, overlap: bool = True) -> list[StepMetrics]:
@@ -133,9 +141,9 @@ class Pipeline:
         self._stop.set()
 
     def _run_overlapped(self) -> None:
-        loops = [threading.Thread(target=self._judge_loop, name="judge", daemon=True)]
+        loops = [self._loop("judge", self._judge_loop)]
         if self.make_env is not None:
-            loops.append(threading.Thread(target=self._rollout_loop, name="rollout", daemon=True))
+            loops.append(self._loop("rollout", self._rollout_loop))
         for loop in loops:
             loop.start()
         try:
@@ -144,9 +152,9 @@ class Pipeline:
             ):
                 if self._train_once() is None:
                     time.sleep(_IDLE_POLL_S)
-                for loop in loops:
-                    if not loop.is_alive() and not self._stop.is_set():
-                        raise RuntimeError(f"the {loop.name} loop died; see the log above")
+            if self._failure is not None:
+                name, error = self._failure
+                raise RuntimeError(f"the {name} loop stopped the run: {error}") from error
         finally:
             self._stop.set()
             for loop in loops:
@@ -163,8 +171,36 @@ class Pipeline:
             if self._train_once() is None:
                 self._play_group()
 
+    def _loop(self, name: str, body: Callable[[], None]) -> threading.Thread:
+        """A loop's thread: an error in it stops every loop and is raised by `run`."""
+
+        def guarded() -> None:
+            try:
+                body()
+            except BaseException as error:
+                logger.exception("the %s loop failed", name)
+                if self._failure is None:
+                    self._failure = (name, error)
+                self._stop.set()
+
+        return threading.Thread(target=guarded, name=name, daemon=True)
+
     def resume(self) -> None:
-        """Restores the last checkpoint and reconciles the store with it."""
+        """Restores the last checkpoint and reconciles the store with it: episodes a stopped
+        run left open are failed (their environments are gone; their turns are judged as
+        they are, never continued)."""
+        abandoned = [
+            s.session_id
+            for s in self.store.sessions(status=SessionStatus.OPEN)
+            if s.env_id != "live"
+        ]
+        for session_id in abandoned:
+            self.store.end_turns(
+                (t.session_id, t.index) for t in self.store.session(session_id).turns
+            )
+            self.store.finish_session(session_id, status=SessionStatus.FAILED)
+        if abandoned:
+            logger.info("failed %d episodes a stopped run left open", len(abandoned))
         state = self.learner.load_checkpoint()
         if state is None:
             return
@@ -202,26 +238,25 @@ class Pipeline:
         return results
 
     def _episode(self, task_id: str, group_id: str, seed: int) -> EpisodeSummary:
+        assert self.seat is not None  # the constructor requires it with make_env
         env = self._borrow_env()
+        summary = None
         try:
-            sampling = SamplingParams(
-                temperature=self.config.sampling.temperature,
-                top_p=self.config.sampling.top_p,
-                max_tokens=self.config.sampling.max_tokens,
-                seed=seed,
-            )
-            return run_episode(
+            summary = run_episode(
                 env,
-                self.engine,
-                self.store,
+                self.seat,
                 env_id=self.config.env.id,
                 task_id=task_id,
                 seed=seed,
                 group_id=group_id,
-                sampling=sampling,
+                sampling=sampling_params(self.config.sampling, seed),
             )
+            return summary
         finally:
-            self._return_env(env)
+            if summary is not None and summary.error is None:
+                self._return_env(env)
+            else:  # an env an episode broke off in may be broken itself: a fresh one next
+                env.close()
 
     def _borrow_env(self) -> gym.Env[Any, Any]:
         assert self.make_env is not None

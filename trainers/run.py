@@ -3,36 +3,36 @@
     python -m trainers.run                                  # embedded defaults
     python -m trainers.run env=chat method=combine model=tiny trainer.max_steps=2
     python -m trainers.run env=arith method=binary env.group_size=4
+    python -m trainers.run engine=vllm model=tiny env=chat method=binary trainer.max_steps=2
 
 Hydra composes the typed config of `trainers/config.py` from the groups under
-`trainers/conf/` (env, method, model, engine, judge). A run directory receives the
-resolved config, the store, the adapters (adapters/v<N>), checkpoints, metrics
-(metrics.jsonl and TensorBoard) and summary.json; the same directory resumes a run.
+`trainers/conf/` (method, judge) and the shared ones of `agents/conf/` (env, model, engine).
+A run directory receives the resolved config, the store, the adapters (adapters/v<N>),
+checkpoints, metrics (metrics.jsonl and TensorBoard) and summary.json; the same directory
+resumes a run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import envs  # noqa: F401  (registers the clawgym/ environments)
-from agents.engines.embedded import EmbeddedEngine
-from agents.proxy import Proxy, ProxyConfig
-from agents.serve import in_thread
+from agents.compose import build_engine, env_factory, serve_key, serve_policy
+from agents.config import ServeSection
+from agents.rollout import ProxySeat
 from agents.store import Store
-from agents.trajectory import TurnStatus, TurnType
+from agents.trajectory import TurnStatus
 from trainers.config import RunConfig, register_configs, validate
 from trainers.judge import build_judge
 from trainers.learner import Learner
@@ -48,6 +48,7 @@ class RunSummary:
 
     run_dir: str
     method: str
+    engine: str
     steps: int
     adapter_version: int
     episodes: int
@@ -58,31 +59,42 @@ class RunSummary:
     last_loss: float | None
     recent_reward: float
     logprob_gap: float | None
+    """Mean |learner - rollout| log-prob per token of on-policy turns, over the steps."""
+    logprob_gap_max: float | None
+    """The largest such gap of any one token."""
     wall_s: float
 
 
 def train(config: RunConfig, run_dir: Path) -> RunSummary:
-    """Runs the pipeline of `config` in `run_dir` until `trainer.max_steps` steps are done."""
+    """Runs the pipeline of `config` in `run_dir` until `trainer.max_steps` steps are done.
+
+    Every component comes from the composition root (`agents.compose`) or, on the trainer's
+    side, from its own builder. The policy is always served behind the proxy: the run's own
+    rollouts reach it over HTTP like any client, so the proxy is the one writer of turns.
+    """
     validate(config)
     torch.manual_seed(config.seed)
     started = time.monotonic()
-    engine = EmbeddedEngine(config.model.name, threads=config.engine.threads)
+    learner = Learner(config.model.name, config.trainer, run_dir)
+    engine = build_engine(
+        config.engine, config.model, shares_gpu_with_learner=learner.device.type == "cuda"
+    )
     store = Store(run_dir / "store.sqlite")
     metrics = MetricsWriter(run_dir, config.trainer.wandb_project)
-    learner = Learner(config.model.name, config.trainer, run_dir)
     # The engine makes its adapter slots now, so that the first publish is a copy like
     # every later one (peft's first load: 60 ms idle, 250-300 ms under load, measured);
     # until then requests skip peft. Outside adapters/, where versions live.
     engine.prepare_adapter(str(learner.save_adapter("adapter-shape")))
-    make_env = None
-    if config.env.users != "live":
-        make_env = lambda: gym.make(config.env.id, **config.env.kwargs)  # noqa: E731
+    live = config.env.users == "live"
+    make_env = None if live else env_factory(config.env)
     try:
-        with contextlib.ExitStack() as serving:
-            publish = None
-            if config.env.users == "live" or config.serve.enabled:
-                proxy = serving.enter_context(_serve(config, engine, store))
-                publish = proxy.publish_adapter
+        with (
+            serve_policy(engine, store, _served(config.serve, live), config.model.name) as (
+                url,
+                proxy,
+            ),
+            contextlib.closing(ProxySeat(url, serve_key(config.serve))) as seat,
+        ):
             pipeline = Pipeline(
                 config,
                 run_dir,
@@ -91,7 +103,8 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 learner,
                 build_judge(config.judge, engine),
                 make_env,
-                publish=publish,
+                seat=seat,
+                publish=proxy.publish_adapter,
                 metrics=metrics,
             )
             with _live_progress(pipeline.progress, config.trainer.max_steps):
@@ -99,6 +112,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
         return RunSummary(
             run_dir=str(run_dir),
             method=config.method.name,
+            engine=config.engine.backend,
             steps=len(steps),
             adapter_version=learner.version,
             episodes=pipeline.progress.episodes,
@@ -109,6 +123,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
             last_loss=steps[-1].loss if steps else None,
             recent_reward=round(pipeline.progress.mean_recent_reward, 4),
             logprob_gap=_mean_gap(steps),
+            logprob_gap_max=max((s.logprob_gap_max for s in steps), default=None),
             wall_s=round(time.monotonic() - started, 1),
         )
     finally:
@@ -117,22 +132,12 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
         engine.close()
 
 
-@contextlib.contextmanager
-def _serve(config: RunConfig, engine: EmbeddedEngine, store: Store) -> Iterator[Proxy]:
-    """The serving loop: the proxy on the run's engine and store, in a thread."""
-    proxy_config = ProxyConfig(
-        model_name=config.model.name,
-        api_key=config.serve.api_key,
-        default_turn_type=TurnType(config.serve.turn_type),
-        max_tokens=config.serve.max_tokens,
-        session_idle_s=config.serve.session_idle_s,
-    )
-    with in_thread(engine, store, proxy_config, config.serve.host, config.serve.port) as (
-        url,
-        proxy,
-    ):
-        logger.info("serving the policy at %s (model `policy`; `base` is the adapter off)", url)
-        yield proxy
+def _served(serve: ServeSection, live: bool) -> ServeSection:
+    """Where the proxy listens: the configured address when clients are to reach it (live
+    users, `serve.enabled`), else any free loopback port for the run's own rollouts."""
+    if live or serve.enabled:
+        return serve
+    return dataclasses.replace(serve, host="127.0.0.1", port=0)
 
 
 def _mean_gap(steps: list[Any]) -> float | None:
@@ -208,6 +213,9 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    # the rollouts' HTTP clients would log every request at INFO
+    for chatty in ("httpx", "openai"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,20 +10,9 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from agents.config import EngineConfig, SamplingConfig, validate_engine
 from benchmarks.leaderboard.policies import ENGINES, PolicySpec, parse_policy
 from benchmarks.leaderboard.suites import TASK_SETS, suite_names
-
-
-@dataclass
-class SamplingConfig:
-    """Sampling of every policy turn."""
-
-    temperature: float = 0.0
-    """0 is greedy (pass@1 as usually reported); pass@k with samples > 1 needs > 0."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_tokens: int = 96
-    """Tokens per assistant turn."""
 
 
 @dataclass
@@ -37,16 +26,15 @@ class BenchConfig:
     (benchmarks/leaderboard/policies.py lists the forms)."""
     baselines: list[str] = field(default_factory=lambda: ["do-nothing", "oracle"])
     """Added to every leaderboard (oracle only where a task set has one)."""
-    engine: str = "embedded"
-    """Engine of model policies without an engine prefix: embedded or vllm."""
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(threads=1))
+    """The engine of model policies (the shared `engine` group: engine=embedded or
+    engine=vllm); a policy's own prefix (`vllm:NAME`) picks another backend. Embedded
+    engines run 1 torch thread by default: the engine shares the cores with sandboxes and
+    browsers, and OpenMP threads spinning for a busy core cost more than they give (tiny
+    decoded 10x faster at 1 thread than at 2 on this 2-core machine under load)."""
     serve: str = "direct"
     """direct: episodes call the engine as training rollouts do; proxy: through the
     token-exact OpenAI-compatible proxy, as live clients do."""
-    threads: int | None = 1
-    """torch CPU threads of embedded engines (None: torch's default). 1 by default: the
-    engine shares the cores with sandboxes and browsers, and OpenMP threads spinning for
-    a busy core cost more than they give (tiny decoded 10x faster at 1 thread than at 2
-    on this 2-core machine under load)."""
     samples: int = 1
     """Episodes per task (k of pass@k)."""
     limit: int | None = None
@@ -55,7 +43,8 @@ class BenchConfig:
     """Episodes played at once per policy (the embedded engine batches them)."""
     seed: int = 0
     """Base of every episode's seed."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    """Greedy by default (pass@1 as usually reported); pass@k with samples > 1 needs > 0."""
     api_key: str | None = None
     """Bearer token for openai: endpoints (or set CLAWGYM_BENCH_API_KEY)."""
     out_dir: str = "runs/leaderboard"
@@ -67,7 +56,7 @@ def policy_specs(config: BenchConfig) -> list[PolicySpec]:
     asked = [config.policy] if isinstance(config.policy, str) else list(config.policy or [])
     specs: dict[str, PolicySpec] = {}
     for text in [*config.baselines, *asked]:
-        for spec in parse_policy(str(text), config.engine):
+        for spec in parse_policy(str(text), config.engine.backend):
             specs.setdefault(spec.label, spec)
     return list(specs.values())
 
@@ -78,8 +67,12 @@ def validate(config: BenchConfig) -> None:
         raise ValueError(f"suite={config.suite!r}: choose one of {', '.join(suite_names())}")
     if not isinstance(config.policy, str | list | tuple):
         raise ValueError("policy must be one spec or a list: policy=tiny or policy=[a,b]")
-    if config.engine not in ENGINES:
-        raise ValueError(f"engine={config.engine!r}: choose one of {', '.join(ENGINES)}")
+    validate_engine(config.engine)
+    if config.engine.backend not in ENGINES:
+        raise ValueError(
+            f"engine={config.engine.backend!r}: choose one of {', '.join(ENGINES)} (an "
+            "endpoint is a policy: policy=openai:MODEL@URL)"
+        )
     if config.serve not in ("direct", "proxy"):
         raise ValueError(f"serve={config.serve!r}: choose serve=direct or serve=proxy")
     if config.samples < 1 or config.concurrency < 1:

@@ -12,12 +12,15 @@ training uses (`agents.rollout.run_episode`) and are stored and measured the sam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
 
+from agents.compose import build_engine, serve_policy
+from agents.config import EngineConfig, ModelConfig, ServeSection
 from agents.engines.aio import ThreadedAsync
 from agents.engines.base import (
     BASE,
@@ -154,7 +157,8 @@ class Engines:
     """Opens engines on demand and closes them all at the end (a context manager).
 
     Args:
-        threads: torch CPU threads of embedded engines.
+        engine: the engine config of model policies (`agents.compose.build_engine` builds
+            each, with the policy's own backend).
         serve: "direct" hands episodes the engine itself, as the training rollouts do;
             "proxy" serves it behind the token-exact proxy (`agents.serve.in_thread`) and
             episodes talk HTTP to it, as live clients do.
@@ -164,17 +168,13 @@ class Engines:
 
     def __init__(
         self,
-        threads: int | None = None,
+        engine: EngineConfig | None = None,
         serve: str = "direct",
         proxy_store: str | None = None,
         api_key: str | None = None,
     ):
-        self.threads, self.serve, self.proxy_store, self.api_key = (
-            threads,
-            serve,
-            proxy_store,
-            api_key,
-        )
+        self.engine = engine or EngineConfig()
+        self.serve, self.proxy_store, self.api_key = serve, proxy_store, api_key
         self._open: dict[tuple[str, str], Engine] = {}
         self._urls: dict[tuple[str, str], str] = {}
         self._versions: dict[tuple[str, str], int] = {}
@@ -212,15 +212,8 @@ class Engines:
         if key not in self._open:
             backend, model = key
             logger.info("starting the %s engine for %s", backend, model)
-            engine: Engine
-            if backend == "vllm":
-                from agents.engines.vllm import VLLMEngine
-
-                engine = VLLMEngine(model)
-            else:
-                from agents.engines.embedded import EmbeddedEngine
-
-                engine = EmbeddedEngine(model, threads=self.threads)
+            config = dataclasses.replace(self.engine, backend=backend)
+            engine = build_engine(config, ModelConfig(model))
             self._stack.callback(engine.close)
             self._open[key] = engine
         return self._open[key]
@@ -229,8 +222,6 @@ class Engines:
         self, key: tuple[str, str], adapter: str | None
     ) -> Callable[[], EpisodeView]:
         from agents.engines.remote import RemoteEngine
-        from agents.proxy import ProxyConfig
-        from agents.serve import in_thread
         from agents.store import Store
 
         if key not in self._urls:
@@ -238,8 +229,10 @@ class Engines:
                 raise ValueError("serve=proxy needs a proxy store path")
             store = Store(self.proxy_store)
             self._stack.callback(store.close)
-            config = ProxyConfig(model_name=key[1], env_id="benchmark")
-            url, _ = self._stack.enter_context(in_thread(self._open[key], store, config))
+            served = serve_policy(
+                self._open[key], store, ServeSection(port=0), key[1], env_id="benchmark"
+            )
+            url, _ = self._stack.enter_context(served)
             self._urls[key] = url
         # The proxy serves `policy` (the adapter) and `base` (switched off) by name.
         client = RemoteEngine(

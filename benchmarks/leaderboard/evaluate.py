@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 
 from agents.engines.base import SamplingParams
-from agents.rollout import run_episode
+from agents.rollout import DirectSeat, run_episode
 from agents.store import Store
 from benchmarks.leaderboard import stats
 from benchmarks.leaderboard.engines import EpisodeRecorder, EpisodeView, ScriptedEngine
@@ -168,8 +168,7 @@ def _episode(
     try:
         summary = run_episode(
             recorder,
-            engine,
-            store,
+            DirectSeat(engine, store),
             env_id=task_set.env_id,
             task_id=task_id,
             seed=episode_seed,
@@ -181,7 +180,7 @@ def _episode(
                 seed=episode_seed,
             ),
         )
-        session_id = summary.session_id
+        session_id, error = summary.session_id, summary.error
     except Exception as exc:  # a failed episode is data: it counts, as a failure
         logger.warning("episode %s of %s failed: %r", task_id, task_set.name, exc)
         error = f"{type(exc).__name__}: {exc}"[:500]

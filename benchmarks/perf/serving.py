@@ -61,7 +61,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 def proxy_process(store: Path, *args: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
     """`python -m agents.serve` on a free port; yields its base URL (without /v1), pid."""
     port = free_port()
-    command = ["-m", "agents.serve", f"port={port}", f"store={store}", *args]
+    command = ["-m", "agents.serve", f"serve.port={port}", f"store={store}", *args]
     return _server_process(port, command, env={**os.environ, "CLAWGYM_API_KEY": ""})
 
 
@@ -401,7 +401,12 @@ def proxy_table(args: argparse.Namespace) -> Table:
         # 0.25 ms here, with or without the proxy.
         direct = EmbeddedEngine("tiny", threads=1)
         direct.prepare_adapter(adapters[0])
-        serve = ("model=tiny", "threads=1", "log_level=warning", f"adapter_shape={adapters[0]}")
+        serve = (
+            "model=tiny",
+            "engine.threads=1",
+            "serve.log_level=warning",
+            f"adapter_shape={adapters[0]}",
+        )
         stores = [Path(tmp) / f"store{i}.sqlite" for i in range(args.servers)]
         with proxy_process(stores[0], *serve) as first, contextlib.ExitStack() as others:
             servers = [first] + [others.enter_context(proxy_process(s, *serve)) for s in stores[1:]]

@@ -113,7 +113,7 @@ def grading_rows(backends: list[str], count: int) -> list[Row]:
 def episode_rows(backend: str, model: str, episodes: int, max_turns: int) -> list[Row]:
     from agents.engines.base import SamplingParams
     from agents.engines.embedded import EmbeddedEngine
-    from agents.rollout import run_episode
+    from agents.rollout import DirectSeat, run_episode
     from agents.store import Store
 
     engine = EmbeddedEngine(model)
@@ -126,7 +126,11 @@ def episode_rows(backend: str, model: str, episodes: int, max_turns: int) -> lis
                 sampling = SamplingParams(temperature=0.6, max_tokens=96, seed=index)
                 started = time.perf_counter()
                 summary = run_episode(
-                    env, engine, store, env_id="clawgym/SWE-v0", task_id=task_id, sampling=sampling
+                    env,
+                    DirectSeat(engine, store),
+                    env_id="clawgym/SWE-v0",
+                    task_id=task_id,
+                    sampling=sampling,
                 )
                 taken.append(time.perf_counter() - started)
                 turns += summary.turns

@@ -51,12 +51,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         sys.executable,
         "-m",
         "agents.serve",
-        f"port={port}",
+        f"serve.port={port}",
         f"store={store}",
         "model=tiny",
-        "threads=2",
-        "context_length=32768",
-        "log_level=warning",
+        "engine.threads=2",
+        "engine.context_length=32768",
+        "serve.log_level=warning",
     ]
     process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "CLAWGYM_API_KEY": ""})
     base = f"http://127.0.0.1:{port}"

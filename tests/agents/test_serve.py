@@ -12,44 +12,65 @@ import httpx
 import openai
 import pytest
 
+from hydra import compose as compose_config
+from hydra import initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from agents.compose import proxy_config
 from agents.engines.vllm_server import free_port
-from agents.serve import ServeConfig, parse_args
+from agents.serve import ServeRunConfig, serve
 from agents.store import Store
 
 
-def test_arguments_become_a_typed_config():
-    config = parse_args(["model=smollm2-135m", "port=31000", "threads=none", "remote_token_ids=1"])
-    assert (config.model, config.port, config.threads, config.host) == (
+def compose(*overrides: str) -> ServeRunConfig:
+    """The config `python -m agents.serve OVERRIDES` runs with."""
+    with initialize_config_module("agents.conf", version_base=None):
+        cfg = compose_config("serve", overrides=list(overrides))
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def test_overrides_compose_the_shared_groups_into_a_typed_config():
+    config = compose("engine=vllm", "model=smollm2-135m", "serve.port=31000", "store=x.sqlite")
+    assert isinstance(config, ServeRunConfig)
+    assert (config.engine.backend, config.engine.max_loras, config.model.name) == (
+        "vllm",
+        2,
         "smollm2-135m",
-        31000,
-        None,
-        "127.0.0.1",
     )
-    assert config.remote_token_ids is True
-    assert parse_args(["session_idle_s=90.5"]).session_idle_s == 90.5
+    assert (config.serve.port, config.serve.host, config.store) == (31000, "127.0.0.1", "x.sqlite")
+    assert compose().engine.backend == "embedded" and compose().model.name == "tiny"
+    remote = compose("engine=remote", "engine.base_url=http://127.0.0.1:1/v1")
+    assert remote.engine.token_ids is False and remote.engine.base_url.endswith("/v1")
 
 
 @pytest.mark.parametrize(
-    "args, error",
+    "overrides, error",
     [
-        (["colour=blue"], "key=value"),
-        (["port=http"], "invalid literal"),
-        (["engine=magic"], "engine"),
-        (["host=0.0.0.0"], "api_key"),
-        (["turn_type=both"], "turn_type"),
+        (["serve.host=0.0.0.0"], "api_key"),
+        (["serve.turn_type=both"], "turn_type"),
+        (["serve.session_idle_s=0"], "session_idle_s"),
+        (["serve.port=0"], "name a port"),
         (["engine=remote"], "base_url"),
-        (["session_idle_s=0"], "session_idle_s"),
-        (["session_idle_s=soon"], "could not convert"),
+        (["engine=vllm", "engine.max_loras=1"], "max_loras"),
+        (["engine.backend=magic"], "engine=embedded"),
     ],
 )
-def test_bad_arguments_say_what_to_fix(args, error, monkeypatch):
+def test_bad_settings_say_what_to_fix(overrides, error, monkeypatch):
     monkeypatch.delenv("CLAWGYM_API_KEY", raising=False)
     with pytest.raises(ValueError, match=error):
-        parse_args(args)
+        serve(compose(*overrides))
 
 
-def test_beyond_loopback_is_allowed_with_a_key():
-    assert ServeConfig(host="0.0.0.0", api_key="k").host == "0.0.0.0"
+def test_a_key_from_the_environment_allows_binding_beyond_loopback(monkeypatch):
+    monkeypatch.setenv("CLAWGYM_API_KEY", "k")
+    section = compose("serve.host=0.0.0.0").serve
+    assert proxy_config(section, "tiny").api_key == "k"
+
+
+def test_an_unknown_setting_is_refused_by_the_schema():
+    with pytest.raises(ConfigCompositionException):
+        compose("colour=blue")
 
 
 def test_the_command_serves_records_and_stops_on_ctrl_c(tmp_path):
@@ -60,10 +81,10 @@ def test_the_command_serves_records_and_stops_on_ctrl_c(tmp_path):
             "-m",
             "agents.serve",
             "model=tiny",
-            f"port={port}",
+            f"serve.port={port}",
             f"store={store}",
-            "threads=1",
-            "log_level=warning",
+            "engine.threads=1",
+            "serve.log_level=warning",
         ],
         env={**os.environ, "CLAWGYM_API_KEY": ""},
     )

@@ -1,0 +1,150 @@
+"""The composition root: builds engines, proxies, environments and sampling from their
+sub-configs (`agents.config`). `trainers.run`, `agents.serve` and `benchmarks.run` build
+their components here and nowhere else; each builder takes only its own sub-config.
+
+    engine = build_engine(config.engine, config.model)
+    with serve_policy(engine, store, config.serve, config.model.name) as (url, proxy):
+        ...
+
+The trainer-side components (the judge, `trainers.judge.build_judge`; the learner) are
+built by `trainers.run` from the engine made here: imports point down only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gymnasium as gym
+
+from agents.config import (
+    EngineConfig,
+    EnvConfig,
+    ModelConfig,
+    SamplingConfig,
+    ServeSection,
+    validate_engine,
+    validate_serve,
+)
+from agents.engines.base import Engine, SamplingParams
+from agents.proxy import Proxy, ProxyConfig
+from agents.store import Store
+from agents.trajectory import TurnType
+
+logger = logging.getLogger(__name__)
+
+LEARNER_GPU_SHARE = 0.5
+"""vLLM's share of one GPU when the learner trains on the same GPU: SmolLM2-class policies
+need a fraction of either half; larger ones set engine.gpu_memory_utilization."""
+
+
+def build_engine(
+    engine: EngineConfig, model: ModelConfig, *, shares_gpu_with_learner: bool = False
+) -> Engine:
+    """The engine `engine.backend` names, serving `model`.
+
+    Args:
+        engine: the engine's config.
+        model: the base model it serves.
+        shares_gpu_with_learner: a learner trains on the same GPU (vLLM then takes
+            `LEARNER_GPU_SHARE` of its memory unless the config says otherwise).
+    """
+    validate_engine(engine)
+    if engine.backend == "embedded":
+        from agents.engines.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(
+            model.name,
+            threads=engine.threads,
+            max_batch=engine.max_batch,
+            context_length=engine.context_length,
+        )
+    if engine.backend == "vllm":
+        from agents.engines.vllm import VLLMEngine
+
+        on_gpu = _cuda_available()
+        usage = engine.gpu_memory_utilization
+        if usage is None and on_gpu and shares_gpu_with_learner:
+            usage = LEARNER_GPU_SHARE
+        return VLLMEngine(
+            model.name,
+            python=engine.python,
+            max_loras=engine.max_loras,
+            max_lora_rank=engine.max_lora_rank,
+            max_model_len=engine.context_length or 4096,
+            # fp32 on a CPU: bf16 is 50x slower there, and the learner's log-probs match
+            dtype=engine.dtype if on_gpu or engine.dtype != "auto" else "float32",
+            kv_cache_gib=engine.kv_cache_gib,
+            gpu_memory_utilization=usage if on_gpu else None,
+            startup_timeout=engine.startup_timeout,
+        )
+    from agents.engines.remote import RemoteEngine
+
+    assert engine.base_url is not None  # validate_engine requires it
+    return RemoteEngine(
+        engine.base_url, model.name, api_key=engine.api_key, token_ids=engine.token_ids
+    )
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def proxy_config(serve: ServeSection, model_name: str, env_id: str = "live") -> ProxyConfig:
+    """The proxy's own config from the `serve` section; `env_id` labels the sessions its
+    clients open by their first request."""
+    return ProxyConfig(
+        model_name=model_name,
+        env_id=env_id,
+        api_key=serve_key(serve),
+        default_turn_type=TurnType(serve.turn_type),
+        max_tokens=serve.max_tokens,
+        session_idle_s=serve.session_idle_s,
+    )
+
+
+def serve_key(serve: ServeSection) -> str | None:
+    """The API key clients must send: `serve.api_key`, else $CLAWGYM_API_KEY."""
+    return serve.api_key or os.environ.get("CLAWGYM_API_KEY") or None
+
+
+@contextlib.contextmanager
+def serve_policy(
+    engine: Engine, store: Store, serve: ServeSection, model_name: str, env_id: str = "live"
+) -> Iterator[tuple[str, Proxy]]:
+    """Serves `engine` behind the token-exact proxy from a thread of this process, on
+    `serve.host:serve.port` (port 0: any free one); yields its base URL and the proxy."""
+    from agents.serve import in_thread
+
+    validate_serve(serve)
+    config = proxy_config(serve, model_name, env_id)
+    with in_thread(engine, store, config, serve.host, serve.port) as (url, proxy):
+        logger.info("serving the policy at %s (model `policy`; `base` is the adapter off)", url)
+        yield url, proxy
+
+
+def env_factory(env: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
+    """Makes one instance of the configured environment per call."""
+    import envs  # noqa: F401  (registers the clawgym/ environments)
+
+    def make() -> gym.Env[Any, Any]:
+        return gym.make(env.id, **env.kwargs)
+
+    return make
+
+
+def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> SamplingParams:
+    """One turn's sampling from the config."""
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        seed=seed,
+    )

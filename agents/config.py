@@ -1,0 +1,169 @@
+"""Typed configs of the serving side, shared by every entry point through one Hydra tree.
+
+`agents/conf/` holds the groups every entry point composes (`model/`, `engine/`, `env/`)
+and the root of `python -m agents.serve`; `trainers/conf/` and `benchmarks/conf/` add their
+own groups on top of it (their root configs put `pkg://agents.conf` on Hydra's search
+path). `agents.compose` builds components from these sub-configs, each from its own.
+Every field has a one-line doc; each `validate_*` raises a ValueError that says the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINE_BACKENDS = ("embedded", "vllm", "remote")
+
+
+@dataclass
+class ModelConfig:
+    """The policy's base model."""
+
+    name: str = "smollm2-135m"
+    """A name `agents.models.resolve` knows (tiny, smollm2-135m), a directory or a hub id."""
+
+
+@dataclass
+class EngineConfig:
+    """How the policy is served (agents/engines/)."""
+
+    backend: str = "embedded"
+    """embedded (transformers in this process), vllm (vLLM's server from .venv-vllm) or
+    remote (any OpenAI-compatible URL; it serves, it does not train)."""
+    threads: int | None = None
+    """embedded: torch CPU threads (None: torch's default)."""
+    max_batch: int = 32
+    """embedded: most sequences decoded together."""
+    context_length: int | None = None
+    """Longest prompt + completion in tokens; None: the model's own (embedded), 4096 (vllm)."""
+    max_loras: int = 2
+    """vllm: adapters served at once; 2 lets requests in flight finish on the previous
+    version while the new one serves new requests."""
+    max_lora_rank: int = 16
+    """vllm: the largest LoRA rank it accepts (one of vLLM's sizes: 8, 16, 32, 64...)."""
+    dtype: str = "auto"
+    """vllm: weights' dtype; auto is float32 on a CPU (the learner's log-probs match it) and
+    bfloat16 on a GPU that has it."""
+    kv_cache_gib: int = 1
+    """vllm on a CPU: KV-cache size in GiB."""
+    gpu_memory_utilization: float | None = None
+    """vllm on a GPU: the share of the GPU's memory vLLM takes; the learner gets the rest
+    (None: 0.5 when the learner shares the GPU, vLLM's own default otherwise)."""
+    startup_timeout: float = 300.0
+    """vllm: seconds to wait for the server to answer before failing with its log."""
+    python: str | None = None
+    """vllm: the Python of vLLM's environment (None: $CLAWGYM_VLLM_PYTHON or .venv-vllm)."""
+    base_url: str | None = None
+    """remote: the upstream's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."""
+    api_key: str | None = None
+    """remote: the upstream's API key."""
+    token_ids: bool = False
+    """remote: ask the upstream for vLLM's token ids (token-exact turns)."""
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling of every policy turn."""
+
+    temperature: float = 0.6
+    """0 is greedy; OpenClaw-RL samples at 0.6."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_tokens: int = 96
+    """Tokens per assistant turn."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment the rollouts play."""
+
+    id: str = "clawgym/Arith-v0"
+    """A registered gymnasium id (`clawgym/<Name>-v0`)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Registration kwargs of the variant, e.g. {split: test, max_turns: 4}."""
+    group_size: int = 1
+    """Rollouts per task sharing a group id (the GRPO baseline is taken over a group)."""
+    users: str = "simulated"
+    """simulated: the env's own users or tasks drive episodes; live: real clients talk to
+    the proxy and nothing is rolled out (Chat-v0's `env.users=live`)."""
+    outcome_is_reward: bool = True
+    """Whether the env's outcome reward trains (false for Chat-v0, whose reward is 0 and
+    whose preference score is for evaluation only)."""
+
+
+@dataclass
+class ServeSection:
+    """The OpenAI-compatible proxy in front of the engine (agents/proxy.py). A training run
+    always serves it: its own rollouts reach the policy through it, as live clients do."""
+
+    enabled: bool = False
+    """Training: also serve clients on `host:port` during a simulated run (their main turns
+    train too); otherwise the rollouts' proxy takes any free loopback port."""
+    host: str = "127.0.0.1"
+    """Bind address; beyond loopback needs `serve.api_key`."""
+    port: int = 30000
+    """Listening port (0: any free port, logged at start)."""
+    api_key: str | None = None
+    """Bearer key clients must send (required beyond loopback; or $CLAWGYM_API_KEY)."""
+    turn_type: str = "main"
+    """Turn type of requests without `X-Turn-Type`: main turns train, side turns do not."""
+    max_tokens: int = 512
+    """Completion budget of requests that set none."""
+    session_idle_s: float = 600.0
+    """A session idle this long has its replies that nothing followed masked (judged
+    empty), so the judge moves on without them."""
+    log_level: str = "info"
+    """`python -m agents.serve`: the server's log level."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (localhost or a loopback address)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def validate_engine(engine: EngineConfig) -> None:
+    """Raises ValueError, saying the fix, for an engine config that cannot serve."""
+    if engine.backend not in ENGINE_BACKENDS:
+        raise ValueError(
+            f"engine.backend={engine.backend!r}: choose engine=embedded, engine=vllm or "
+            "engine=remote"
+        )
+    if engine.backend == "vllm" and engine.max_loras < 2:
+        raise ValueError(
+            f"engine.max_loras={engine.max_loras}: vLLM needs room for two adapters (the "
+            "version being replaced finishes its requests); set engine.max_loras=2"
+        )
+    if engine.backend == "remote" and not engine.base_url:
+        raise ValueError("engine=remote needs engine.base_url=http://HOST:PORT/v1")
+    usage = engine.gpu_memory_utilization
+    if usage is not None and not 0 < usage < 1:
+        raise ValueError(f"engine.gpu_memory_utilization must be in (0, 1), got {usage}")
+
+
+def validate_serve(serve: ServeSection) -> None:
+    """Raises ValueError, saying the fix, for a proxy config that cannot serve."""
+    if serve.turn_type not in ("main", "side"):
+        raise ValueError(f"serve.turn_type must be main or side, got {serve.turn_type!r}")
+    if not 0 <= serve.port < 65536:
+        raise ValueError(f"serve.port must be in 0..65535, got {serve.port}")
+    if not serve.session_idle_s > 0:
+        raise ValueError(f"serve.session_idle_s must be positive, got {serve.session_idle_s}")
+    if not serve.api_key and not is_loopback(serve.host):
+        raise ValueError(
+            f"serve.host={serve.host} is beyond loopback: set serve.api_key=... (or "
+            "CLAWGYM_API_KEY) too"
+        )
+
+
+def validate_env(env: EnvConfig) -> None:
+    """Raises ValueError, saying the fix, for an env config the rollouts cannot play."""
+    if env.group_size < 1:
+        raise ValueError(f"env.group_size must be >= 1, got {env.group_size}")
+    if env.users not in ("simulated", "live"):
+        raise ValueError(f"env.users must be simulated or live, got {env.users!r}")
+    if not env.id.startswith("clawgym/"):
+        raise ValueError(f"env.id must be a clawgym/ id, got {env.id!r}")

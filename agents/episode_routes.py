@@ -1,0 +1,136 @@
+"""The proxy's episode routes: how a simulated episode's client tells the proxy what only
+the environment knows, so that the proxy stays the one writer of turns and sessions.
+
+- `POST /admin/sessions` `{"session_id", "env_id", "task_id"?, "group_id"?}` opens the
+  episode's session before its first request (a live client's session is opened by its
+  first request instead, as env `live`).
+- Each turn is an ordinary `POST /v1/chat/completions` with `X-Session-Id`; its response's
+  `X-Turn-Index` header gives the turn's index in the session.
+- `POST /admin/sessions/{id}/end` `{"messages", "rewards"?, "outcome_reward"?, "status"?}`
+  ends it: `messages` is the final history (the environment's last observation after the
+  last reply: that turn's next state), `rewards` maps turn indexes to the environment's
+  reward of each, `status` is `done` (default) or `failed`.
+
+`agents.rollout.ProxyPolicy` is the client side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+
+from agents import openai_api as api
+from agents.sessions import SessionEnded, SessionRefused, checked_id
+from agents.trajectory import Session, SessionStatus
+
+if TYPE_CHECKING:
+    from agents.proxy import Proxy
+
+
+def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
+    """Adds the episode routes to the proxy's app."""
+
+    @routes.post("/admin/sessions")
+    async def open_session(request: Request) -> dict[str, Any]:
+        proxy.check_key(request.headers)
+        session = _session(await _object(request))
+        await proxy._checkpoints.writable()
+        try:
+            proxy.sessions.open(session)
+        except SessionRefused as error:
+            raise api.ApiError(409, str(error), param=error.param) from error
+        return {"session_id": session.session_id}
+
+    @routes.post("/admin/sessions/{session_id}/end")
+    async def end_session(request: Request, session_id: str) -> dict[str, Any]:
+        proxy.check_key(request.headers)
+        body = await _object(request)
+        messages, rewards = _messages(body), _rewards(body)
+        outcome, status = _outcome(body), _status(body)
+        await proxy._checkpoints.writable()
+        try:
+            proxy.sessions.end(checked(session_id), messages, rewards, outcome, status)
+        except KeyError as error:
+            raise api.ApiError(404, f"no session {session_id!r}", param="session_id") from error
+        except SessionEnded as error:
+            raise api.ApiError(409, str(error), code="session_ended") from error
+        return {"session_id": session_id, "status": str(status)}
+
+
+async def _object(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError) as error:
+        raise api.ApiError(400, f"the body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise api.ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def checked(session_id: Any) -> str:
+    """A session id the proxy can take, or a 400."""
+    try:
+        return checked_id(session_id)
+    except SessionRefused as error:
+        raise api.ApiError(400, str(error), param="session_id") from error
+
+
+def _optional_text(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise api.ApiError(400, f"{name} must be a string or null", param=name)
+    return value
+
+
+def _session(body: dict[str, Any]) -> Session:
+    env_id = body.get("env_id")
+    if not isinstance(env_id, str) or not env_id:
+        raise api.ApiError(400, "env_id must be a non-empty string", param="env_id")
+    return Session(
+        checked(body.get("session_id")),
+        env_id,
+        task_id=_optional_text(body, "task_id"),
+        group_id=_optional_text(body, "group_id"),
+    )
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages", [])
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise api.ApiError(400, "messages must be a list of message objects", param="messages")
+    return messages
+
+
+def _rewards(body: dict[str, Any]) -> dict[int, float]:
+    given = body.get("rewards") or {}
+    if not isinstance(given, dict):
+        raise api.ApiError(400, 'rewards must map turn indexes to numbers: {"0": 1.0}')
+    rewards = {}
+    for key, value in given.items():
+        if not str(key).isdigit() or not _finite(value):
+            raise api.ApiError(
+                400, f"rewards: turn index {key!r} -> {value!r} is not index -> finite number"
+            )
+        rewards[int(key)] = float(value)
+    return rewards
+
+
+def _outcome(body: dict[str, Any]) -> float | None:
+    value = body.get("outcome_reward")
+    if value is not None and not _finite(value):
+        raise api.ApiError(400, "outcome_reward must be a finite number or null")
+    return None if value is None else float(value)
+
+
+def _status(body: dict[str, Any]) -> SessionStatus:
+    status = body.get("status", "done")
+    if status not in (SessionStatus.DONE, SessionStatus.FAILED):
+        raise api.ApiError(400, f"status must be done or failed, got {status!r}", param="status")
+    return SessionStatus(status)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
