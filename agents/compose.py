@@ -74,6 +74,7 @@ def build_engine(
             python=engine.python,
             max_loras=engine.max_loras,
             max_lora_rank=engine.max_lora_rank,
+            lora_target_modules=tuple(engine.lora_target_modules),
             max_model_len=engine.context_length or 4096,
             # fp32 on a CPU: bf16 is 50x slower there, and the learner's log-probs match
             dtype=engine.dtype if on_gpu or engine.dtype != "auto" else "float32",

@@ -42,6 +42,19 @@ class EngineConfig:
     version while the new one serves new requests."""
     max_lora_rank: int = 16
     """vllm: the largest LoRA rank it accepts (one of vLLM's sizes: 8, 16, 32, 64...)."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    """vllm: modules adapters may target (the learner's `trainer.target_modules` must be
+    among them); the LM head is left out on purpose (agents/engines/vllm.py says why)."""
     dtype: str = "auto"
     """vllm: weights' dtype; auto is float32 on a CPU (the learner's log-probs match it) and
     bfloat16 on a GPU that has it."""

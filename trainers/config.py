@@ -181,6 +181,12 @@ def validate(config: RunConfig) -> None:
             f"trainer.lora_rank={config.trainer.lora_rank} is above what vLLM accepts "
             f"(engine.max_lora_rank={config.engine.max_lora_rank}); raise engine.max_lora_rank"
         )
+    unserved = set(config.trainer.target_modules) - set(config.engine.lora_target_modules)
+    if config.engine.backend == "vllm" and unserved:
+        raise ValueError(
+            f"trainer.target_modules {sorted(unserved)} are not in engine.lora_target_modules: "
+            "vLLM would refuse the adapter; add them there"
+        )
     if config.method.name not in ("binary", "opd", "combine"):
         raise ValueError(
             f"method={config.method.name!r}: choose method=binary, method=opd or method=combine"

@@ -55,6 +55,8 @@ class Progress:
 
     episodes: int = 0
     episode_reward: float = 0.0
+    rollout_tokens: int = 0
+    """Completion tokens the rollouts sampled."""
     turns_judged: int = 0
     turns_trained: int = 0
     turns_dropped: int = 0
@@ -104,6 +106,7 @@ class Pipeline:
         self.publish = publish or engine.load_adapter
         self.metrics = metrics
         self.progress = Progress()
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._envs: list[gym.Env[Any, Any]] = []
         self._envs_lock = threading.Lock()
@@ -117,6 +120,7 @@ class Pipeline:
     # -- running -------------------------------------------------------------------------
     def run(self, overlap: bool = True) -> list[StepMetrics]:
         """Trains for `trainer.max_steps` steps; returns each step's metrics."""
+        self._started = time.monotonic()
         self.resume()
         if self.make_env is not None:
             probe = self._borrow_env()
@@ -234,6 +238,7 @@ class Pipeline:
             results = list(pool.map(lambda seed: self._episode(task_id, group_id, seed), seeds))
         for result in results:
             self.progress.episodes += 1
+            self.progress.rollout_tokens += result.completion_tokens
             self.progress.recent_rewards.append(result.total_reward)
         return results
 
@@ -329,10 +334,12 @@ class Pipeline:
             self.store.mark_trained([s.seq for s in batch])
         finally:
             self._in_training = 0
+        published = time.perf_counter()
         self.publish(str(adapter), self.learner.version)
+        publish_ms = (time.perf_counter() - published) * 1e3
         self.progress.turns_trained += len(batch)
         self.progress.steps.append(metrics)
-        self._log_metrics(metrics, selection, _mean_judge_score(ready))
+        self._log_metrics(metrics, selection, _mean_judge_score(ready), publish_ms)
         return metrics
 
     def _select(self, ready: list[tuple[int, Turn]], sessions: dict[str, Session]) -> Selection:
@@ -374,9 +381,16 @@ class Pipeline:
         return ready, sessions
 
     def _log_metrics(
-        self, metrics: StepMetrics, selection: Selection, judge_score: float | None
+        self,
+        metrics: StepMetrics,
+        selection: Selection,
+        judge_score: float | None,
+        publish_ms: float,
     ) -> None:
         row = asdict(metrics) | {
+            "elapsed_s": round(time.monotonic() - self._started, 3),
+            "publish_ms": round(publish_ms, 2),
+            "rollout_tokens": self.progress.rollout_tokens,
             "judge_score": judge_score,
             "dropped": len(selection.dropped),
             "stale": selection.stale,

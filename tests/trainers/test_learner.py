@@ -5,7 +5,14 @@ from agents import models
 from agents.engines.base import POLICY
 from agents.engines.embedded import EmbeddedEngine
 from trainers.config import TrainerConfig
-from trainers.learner import Learner, TrainSample, micro_batches, token_logprobs
+from trainers.learner import (
+    Learner,
+    TrainSample,
+    learner_device,
+    learner_dtype,
+    micro_batches,
+    token_logprobs,
+)
 
 PROMPT = (1, 5, 9, 200, 31, 7)
 COMPLETION = (44, 45, 46, 47, 12)
@@ -123,3 +130,36 @@ def test_the_mmap_threshold_is_fixed_on_glibc():
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
     assert set_mmap_threshold(128 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("requested", "cuda", "device"),
+    [("auto", False, "cpu"), ("auto", True, "cuda"), ("cpu", True, "cpu"), ("cuda", True, "cuda")],
+)
+def test_the_learner_trains_where_asked_and_on_the_gpu_by_default(requested, cuda, device):
+    assert learner_device(requested, cuda) == device
+
+
+def test_asking_for_a_gpu_that_is_not_there_says_the_fix():
+    with pytest.raises(ValueError, match="trainer.device=cpu"):
+        learner_device("cuda", False)
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "bf16", "dtype"),
+    [
+        ("auto", "cpu", True, torch.float32),  # bf16 on this CPU is 50x slower
+        ("auto", "cuda", True, torch.bfloat16),
+        ("auto", "cuda", False, torch.float32),
+        ("float32", "cuda", True, torch.float32),
+        ("bfloat16", "cpu", False, torch.bfloat16),
+    ],
+)
+def test_the_learner_dtype_is_bf16_only_on_a_gpu_that_has_it(requested, device, bf16, dtype):
+    assert learner_dtype(requested, device, bf16) == dtype
+
+
+def test_the_learner_measures_its_worst_token_gap_against_the_rollout(tmp_path):
+    learner = make_learner(tmp_path)
+    metrics = learner.step([sample(rollout=(-1.0, -2.0, -3.0, -4.0, -5.0))])
+    assert metrics.logprob_gap_max >= metrics.logprob_gap > 0

@@ -100,6 +100,20 @@ def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp
         (lambda c: setattr(c.trainer, "max_backlog", 4), "max_backlog"),
         (lambda c: setattr(c.env, "users", "robots"), "env.users"),
         (lambda c: setattr(c.serve, "host", "0.0.0.0"), "serve.api_key"),
+        (lambda c: setattr(c.engine, "backend", "remote"), "engine.base_url"),
+        (
+            lambda c: (
+                setattr(c.engine, "backend", "remote"),
+                setattr(c.engine, "base_url", "http://127.0.0.1:1/v1"),
+            ),
+            "cannot train",
+        ),
+        (
+            lambda c: (setattr(c.engine, "backend", "vllm"), setattr(c.trainer, "lora_rank", 32)),
+            "engine.max_lora_rank",
+        ),
+        (lambda c: setattr(c.trainer, "device", "tpu"), "trainer.device"),
+        (lambda c: setattr(c.trainer, "dtype", "fp8"), "trainer.dtype"),
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):

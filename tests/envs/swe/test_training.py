@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
-def test_binary_training_on_swe_finishes_two_steps(tmp_path):
+@pytest.mark.parametrize(
+    ("engine", "steps"),
+    [("embedded", 2), pytest.param("vllm", 1, marks=pytest.mark.vllm)],
+)
+def test_binary_training_on_swe_finishes_its_steps(tmp_path, engine, steps):
     run_dir = tmp_path / "swe"
     command = [
         sys.executable,
@@ -24,7 +28,9 @@ def test_binary_training_on_swe_finishes_two_steps(tmp_path):
         "env=swe",
         "method=binary",
         "model=tiny",
-        "trainer.max_steps=2",
+        f"engine={engine}",
+        "engine.max_lora_rank=8",
+        f"trainer.max_steps={steps}",
         # small enough for a 2-core CPU: two-turn episodes in bwrap, short replies
         "env.kwargs.max_turns=2",
         "env.kwargs.sandbox=bwrap",
@@ -37,8 +43,13 @@ def test_binary_training_on_swe_finishes_two_steps(tmp_path):
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["method"], summary["steps"], summary["adapter_version"]) == ("binary", 2, 2)
-    assert (run_dir / "adapters" / "v2" / "adapter_model.safetensors").exists()
+    assert (summary["method"], summary["steps"], summary["adapter_version"]) == (
+        "binary",
+        steps,
+        steps,
+    )
+    assert summary["engine"] == engine
+    assert (run_dir / "adapters" / f"v{steps}" / "adapter_model.safetensors").exists()
     with Store(run_dir / "store.sqlite") as store:
         sessions = [s for s in store.sessions() if s.outcome_reward is not None]
         assert sessions and all(s.env_id == "clawgym/SWE-v0" for s in sessions)
