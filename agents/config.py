@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINE_BACKENDS = ("embedded", "vllm", "remote")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every projection of a decoder layer: the modules LoRA targets by default."""
 
 
 @dataclass
@@ -42,17 +44,7 @@ class EngineConfig:
     version while the new one serves new requests."""
     max_lora_rank: int = 16
     """vllm: the largest LoRA rank it accepts (one of vLLM's sizes: 8, 16, 32, 64...)."""
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-    )
+    lora_target_modules: list[str] = field(default_factory=lambda: list(PROJECTIONS))
     """vllm: modules adapters may target (the learner's `trainer.target_modules` must be
     among them); the LM head is left out on purpose (agents/engines/vllm.py says why)."""
     dtype: str = "auto"

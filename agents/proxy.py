@@ -5,8 +5,11 @@ serves it from a thread with `agents.serve.in_thread`.
 
 Routes: `POST /v1/chat/completions` (plain, or real token-by-token server-sent events),
 `GET /v1/models` (`policy`, and `base`: the adapter switched off), `GET /healthz`, and
-`POST /admin/adapters` (`{"path", "version"}`) to publish a new policy version; in
-process, `Proxy.publish_adapter` does the same. Publishing never interrupts serving: the
+`POST /admin/adapters` (`{"path", "version"}`) to publish a new policy version (in process,
+`Proxy.publish_adapter` does the same), and the episode routes of `agents.episode_routes`
+(`POST /admin/sessions`, `POST /admin/sessions/{id}/end`), through which a simulated
+episode's client tells the proxy its env, task, group, rewards and last observation, so that
+training's own rollouts are recorded by the proxy like any client's turns. Publishing never interrupts serving: the
 engine swaps versions atomically and no request ever gets a 503 for it.
 
 Every main turn is committed to the store, token-exactly with its policy version, before

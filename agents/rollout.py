@@ -31,8 +31,9 @@ import httpx
 import openai
 
 from agents.engines.base import Engine, SamplingParams
+from agents.sessions import sampled_turn
 from agents.store import Store
-from agents.trajectory import Session, SessionStatus, Turn, TurnType
+from agents.trajectory import Session, SessionStatus, TurnType
 
 logger = logging.getLogger(__name__)
 
@@ -204,17 +205,8 @@ class DirectSeat:
             raise EpisodeRefused(str(error)) from error
         index = self._link(session_id, messages) + 1
         self.store.add_turn(
-            Turn(
-                session_id=session_id,
-                index=index,
-                turn_type=TurnType.MAIN,
-                prompt_messages=tuple(messages),
-                prompt_token_ids=completion.prompt_token_ids,
-                completion_token_ids=completion.completion_token_ids,
-                completion_logprobs=completion.completion_logprobs,
-                completion=completion.message,
-                policy_version=completion.policy_version,
-                tools=tuple(tools),
+            sampled_turn(
+                session_id, index, TurnType.MAIN, messages, completion, completion.message, tools
             )
         )
         self._last[session_id] = (index, len(messages))

@@ -380,7 +380,10 @@ class SessionTracker:
             first, state.next_index = state.next_index, state.next_index + len(completions)
             state.seen = time.monotonic()
         for offset, (completion, reply) in enumerate(zip(completions, replies, strict=True)):
-            self.store.add_turn(_turn(info, first + offset, messages, completion, reply, tools))
+            turn = sampled_turn(
+                info.session_id, first + offset, info.turn_type, messages, completion, reply, tools
+            )
+            self.store.add_turn(turn)
         if info.done:
             self.close(info.session_id)
             return first
@@ -473,18 +476,21 @@ class SessionTracker:
         return state
 
 
-def _turn(
-    info: SessionInfo,
+def sampled_turn(
+    session_id: str,
     index: int,
+    turn_type: TurnType,
     messages: Sequence[Mapping[str, Any]],
     completion: Completion,
     reply: Mapping[str, Any],
     tools: Sequence[Mapping[str, Any]],
 ) -> Turn:
+    """The turn an engine's completion makes, token-exact, with the reply as the client saw
+    it (tool-call ids included)."""
     return Turn(
-        session_id=info.session_id,
+        session_id=session_id,
         index=index,
-        turn_type=info.turn_type,
+        turn_type=turn_type,
         prompt_messages=tuple(messages),
         prompt_token_ids=completion.prompt_token_ids,
         completion_token_ids=completion.completion_token_ids,

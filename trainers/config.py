@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from agents.config import (
+    PROJECTIONS,
     EngineConfig,
     EnvConfig,
     ModelConfig,
@@ -92,17 +93,7 @@ class TrainerConfig:
     """LoRA rank r."""
     lora_alpha: int = 32
     """LoRA alpha."""
-    target_modules: list[str] = field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-    )
+    target_modules: list[str] = field(default_factory=lambda: list(PROJECTIONS))
     """Modules that get adapters: every projection by default."""
     clip_low: float = 0.2
     """PPO ratio lower clip: 1 - clip_low."""

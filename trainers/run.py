@@ -214,7 +214,7 @@ register_configs()
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     # the rollouts' HTTP clients would log every request at INFO
-    for chatty in ("httpx", "openai"):
+    for chatty in ("httpx", "httpx2", "openai"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     run_dir = Path(cfg.run_dir)

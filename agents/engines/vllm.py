@@ -52,6 +52,7 @@ from pathlib import Path
 import httpx
 
 from agents import models
+from agents.config import PROJECTIONS
 from agents.engines import openai_http
 from agents.engines.aio import ThreadedAsync
 from agents.engines.base import (
@@ -111,19 +112,6 @@ def _cpu_bind() -> str:
     return ",".join(map(str, cpus))
 
 
-LORA_TARGET_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-"""Modules vLLM wraps for LoRA by default: every projection (the learner's default), no LM
-head (see `VLLMEngine`'s `lora_target_modules`)."""
-
-
 class VLLMEngine(ThreadedAsync):
     """vLLM's OpenAI server as a subprocess (see the module docstring).
 
@@ -167,7 +155,7 @@ class VLLMEngine(ThreadedAsync):
         python: str | os.PathLike[str] | None = None,
         max_loras: int = 2,
         max_lora_rank: int = 16,
-        lora_target_modules: Sequence[str] = LORA_TARGET_MODULES,
+        lora_target_modules: Sequence[str] = PROJECTIONS,
         max_model_len: int = 4096,
         dtype: str = "float32",
         kv_cache_gib: int = 1,
