@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -41,8 +41,24 @@ LEARNER_GPU_SHARE = 0.5
 need a fraction of either half; larger ones set engine.gpu_memory_utilization."""
 
 
+def split_cpus(cpus: Sequence[int], engine_share: int | None = None) -> tuple[list[int], list[int]]:
+    """(learner's, engine's) cores when a learner trains beside a vLLM server on a CPU
+    machine: the engine takes `engine_share` cores (default: half, rounded up), the last
+    ones, the learner the rest; on a single core both share it."""
+    cpus = sorted(cpus)
+    if len(cpus) < 2:
+        return cpus, cpus
+    share = (len(cpus) + 1) // 2 if engine_share is None else engine_share
+    share = min(max(share, 1), len(cpus) - 1)
+    return cpus[: len(cpus) - share], cpus[len(cpus) - share :]
+
+
 def build_engine(
-    engine: EngineConfig, model: ModelConfig, *, shares_gpu_with_learner: bool = False
+    engine: EngineConfig,
+    model: ModelConfig,
+    *,
+    shares_gpu_with_learner: bool = False,
+    cpus: Sequence[int] | None = None,
 ) -> Engine:
     """The engine `engine.backend` names, serving `model`.
 
@@ -51,6 +67,7 @@ def build_engine(
         model: the base model it serves.
         shares_gpu_with_learner: a learner trains on the same GPU (vLLM then takes
             `LEARNER_GPU_SHARE` of its memory unless the config says otherwise).
+        cpus: vllm on a CPU: the cores it computes on (`split_cpus`); None: every core.
     """
     validate_engine(engine)
     if engine.backend == "embedded":
@@ -65,7 +82,7 @@ def build_engine(
     if engine.backend == "vllm":
         from agents.engines.vllm import VLLMEngine
 
-        on_gpu = _cuda_available()
+        on_gpu = cuda_available()
         usage = engine.gpu_memory_utilization
         if usage is None and on_gpu and shares_gpu_with_learner:
             usage = LEARNER_GPU_SHARE
@@ -80,6 +97,7 @@ def build_engine(
             dtype=engine.dtype if on_gpu or engine.dtype != "auto" else "float32",
             kv_cache_gib=engine.kv_cache_gib,
             gpu_memory_utilization=usage if on_gpu else None,
+            cpus=None if on_gpu else cpus,
             startup_timeout=engine.startup_timeout,
         )
     from agents.engines.remote import RemoteEngine
@@ -90,7 +108,8 @@ def build_engine(
     )
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (False where torch is not installed)."""
     try:
         import torch
     except ImportError:

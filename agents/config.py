@@ -34,7 +34,8 @@ class EngineConfig:
     """embedded (transformers in this process), vllm (vLLM's server from .venv-vllm) or
     remote (any OpenAI-compatible URL; it serves, it does not train)."""
     threads: int | None = None
-    """embedded: torch CPU threads (None: torch's default)."""
+    """embedded: torch CPU threads (None: torch's default). vllm on a CPU beside a learner:
+    the cores vLLM computes on, the learner taking the others (None: half, rounded up)."""
     max_batch: int = 32
     """embedded: most sequences decoded together."""
     context_length: int | None = None

@@ -9,8 +9,9 @@ Routes: `POST /v1/chat/completions` (plain, or real token-by-token server-sent e
 `Proxy.publish_adapter` does the same), and the episode routes of `agents.episode_routes`
 (`POST /admin/sessions`, `POST /admin/sessions/{id}/end`), through which a simulated
 episode's client tells the proxy its env, task, group, rewards and last observation, so that
-training's own rollouts are recorded by the proxy like any client's turns. Publishing never interrupts serving: the
-engine swaps versions atomically and no request ever gets a 503 for it.
+training's own rollouts are recorded by the proxy like any client's turns. Publishing never
+interrupts serving: the engine swaps versions atomically and no request ever gets a 503 for
+it.
 
 Every main turn is committed to the store, token-exactly with its policy version, before
 its response completes (for a stream, before the chunk carrying `finish_reason`, so before

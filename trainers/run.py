@@ -28,8 +28,9 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agents.compose import build_engine, env_factory, serve_key, serve_policy
+from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
 from agents.config import ServeSection
+from agents.engines.vllm import own_cpus
 from agents.rollout import ProxySeat
 from agents.store import Store
 from agents.trajectory import TurnStatus
@@ -76,8 +77,17 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     torch.manual_seed(config.seed)
     started = time.monotonic()
     learner = Learner(config.model.name, config.trainer, run_dir)
+    engine_cpus = None
+    if config.engine.backend == "vllm" and learner.device.type == "cpu":
+        # vLLM pins its OpenMP threads: the learner's own must not spin on the same cores
+        learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
+        torch.set_num_threads(len(learner_cpus))
+        logger.info("cores: learner %s, vLLM %s", learner_cpus, engine_cpus)
     engine = build_engine(
-        config.engine, config.model, shares_gpu_with_learner=learner.device.type == "cuda"
+        config.engine,
+        config.model,
+        shares_gpu_with_learner=learner.device.type == "cuda",
+        cpus=engine_cpus,
     )
     store = Store(run_dir / "store.sqlite")
     metrics = MetricsWriter(run_dir, config.trainer.wandb_project)

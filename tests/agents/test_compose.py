@@ -2,7 +2,14 @@
 
 import pytest
 
-from agents.compose import build_engine, env_factory, proxy_config, sampling_params, serve_policy
+from agents.compose import (
+    build_engine,
+    env_factory,
+    proxy_config,
+    sampling_params,
+    serve_policy,
+    split_cpus,
+)
 from agents.config import EngineConfig, EnvConfig, ModelConfig, SamplingConfig, ServeSection
 from agents.engines.embedded import EmbeddedEngine
 from agents.engines.remote import RemoteEngine
@@ -81,3 +88,18 @@ def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key
         with pytest.raises(ValueError, match="api_key"):
             with serve_policy(tiny_engine, store, ServeSection(host="0.0.0.0", port=0), "tiny"):
                 pass
+
+
+@pytest.mark.parametrize(
+    ("cpus", "share", "learner", "engine"),
+    [
+        ([0, 1], None, [0], [1]),
+        ([0, 1, 2, 3, 4], None, [0, 1], [2, 3, 4]),
+        ([0, 1, 2, 3], 1, [0, 1, 2], [3]),
+        ([0, 1], 5, [0], [1]),  # the learner always keeps a core
+        ([3], None, [3], [3]),  # one core: both share it
+        ([5, 2, 7], None, [2], [5, 7]),
+    ],
+)
+def test_a_cpu_machine_splits_its_cores_between_learner_and_vllm(cpus, share, learner, engine):
+    assert split_cpus(cpus, share) == (learner, engine)
