@@ -115,8 +115,15 @@ def run_episode(
     group_id: str | None = None,
     sampling: SamplingParams | None = None,
 ) -> EpisodeSummary:
-    """Plays one episode with the seat's policy; the seat records it as a session."""
-    observation, info = env.reset(seed=seed, options={"task_id": task_id} if task_id else None)
+    """Plays one episode with the seat's policy; the seat records it as a session. An env
+    that cannot reset (a user model that is down) gives an episode of no turns and no
+    session, with the reason as its `error`."""
+    try:
+        observation, info = env.reset(seed=seed, options={"task_id": task_id} if task_id else None)
+    except Exception as failure:
+        reason = f"the environment failed to reset: {type(failure).__name__}: {failure}"
+        logger.warning("episode of %s not played: %s", task_id, reason)
+        return EpisodeSummary("", task_id or "", 0.0, 0, 0, 0, False, reason)
     session_id = uuid.uuid4().hex
     seat.open(Session(session_id, env_id, task_id=info["task_id"], group_id=group_id))
     messages: list[dict[str, Any]] = [dict(m) for m in observation]

@@ -5,15 +5,21 @@ An episode is a conversation. `reset` returns the first messages the agent sees 
 (OpenAI format, or a plain string as its content) and returns the new user / tool messages.
 
 A subclass implements a few hooks: `task_ids`, `_load_task`, `_first_messages`, `_tools`
-and, when plain-text replies mean something, `_on_reply`. The base class parses actions,
+and, when plain-text replies mean something, `_on_reply`. Two more are optional:
+`_after_action`, what the agent sees after every action beyond the tools' results (GUI: the
+page again), and `_on_episode_end`, run once when an episode ends however it ended (grade
+what a truncated episode left, release what it held). The base class parses actions,
 validates tool calls, turns every mistake into an error observation that uses up a turn,
-and keeps `terminated` (the task ended) apart from `truncated` (the turn budget ran out).
+and keeps `terminated` (the task ended) apart from `truncated` (the turn budget ran out, or
+a tool or hook raised `EpisodeAborted`: the episode could not go on). No subclass needs to
+override `step`.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +29,8 @@ import gymnasium as gym
 import numpy as np
 
 from envs.tools import Tool, ToolCallError
+
+logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 Action = Message | str
@@ -42,11 +50,32 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Reply:
-    """The environment's answer to an assistant message without tool calls."""
+    """The environment's own answer to an action: to an assistant message without tool
+    calls (`_on_reply`), or after any action (`_after_action`)."""
 
     messages: tuple[Message, ...]
     reward: float = 0.0
     terminated: bool = False
+
+
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """What the end of an episode adds to its last step (`AgentEnv._on_episode_end`): a
+    reward (a truncated episode's grade) and messages after the step's own. Info needs no
+    field here: the step reads `_info()` after the hook, so a grade it records shows."""
+
+    reward: float = 0.0
+    messages: tuple[Message, ...] = ()
+
+
+class EpisodeAborted(RuntimeError):
+    """Raised by a tool or a hook during a step when the episode cannot go on through no
+    fault of the action (a browser that crashed, a user model that cannot be reached).
+
+    The step ends the episode, truncated, with reward 0, the reason as its one error
+    observation and in `info["aborted"]`: a bad episode is data, and a training run that
+    meets one goes on. `_on_episode_end` still runs.
+    """
 
 
 class MessagesSpace(gym.Space[list[Message]]):
@@ -178,6 +207,20 @@ class AgentEnv(gym.Env[list[Message], Action]):
         names = ", ".join(self._tool_index) or "no tools"
         return Reply((error_message(f"no tool was called; the tools are: {names}"),))
 
+    def _after_action(self) -> Reply:
+        """What the agent sees after an action that did not end the task, even a malformed
+        one, after the tools' results: its messages are appended and its reward added, and
+        it may end the task (GUI: the page again, or how the page ended the episode on its
+        own). By default nothing."""
+        return Reply(())
+
+    def _on_episode_end(self, terminated: bool, truncated: bool) -> EpisodeEnd:
+        """Runs once per episode, in the step that ends it, whichever way it ended: for
+        what only the end knows (grading the work of an episode the turn budget cut short)
+        or releases (a task's backends). Its reward is added to that step's and its messages
+        follow the step's observation. By default nothing."""
+        return EpisodeEnd()
+
     def _info(self) -> dict[str, Any]:
         """Extra info of the current task; must be deterministic for a given seed."""
         return {}
@@ -207,24 +250,39 @@ class AgentEnv(gym.Env[list[Message], Action]):
         if self._finished:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         self._turn += 1
+        aborted: str | None = None
+        try:
+            observation, reward, terminated = self._act(action)
+            if not terminated:
+                after = self._after_action()
+                observation += after.messages
+                reward, terminated = reward + after.reward, after.terminated
+        except EpisodeAborted as error:
+            logger.warning("episode of %s cut off: %s", self.task_id, error)
+            aborted = str(error)
+            observation = [error_message(f"{aborted}; the episode is over")]
+            reward, terminated = 0.0, False
+        truncated = not terminated and (aborted is not None or self._turn >= self.max_turns)
+        self._finished = terminated or truncated
+        if self._finished:
+            end = self._on_episode_end(terminated, truncated)
+            observation += end.messages
+            reward += end.reward
+        info = {"task_id": self.task_id, "turn": self._turn} | self._info()
+        if aborted is not None:
+            info["aborted"] = aborted
+        return copy.deepcopy(observation), float(reward), terminated, truncated, info
+
+    def _act(self, action: Action) -> tuple[list[Message], float, bool]:
+        """The action's own outcome: its tools' results, or the reply to its text."""
         try:
             content, calls = parse_action(action)
         except ToolCallError as error:
-            observation, reward, terminated = [error_message(str(error))], 0.0, False
-        else:
-            if calls:
-                observation, reward, terminated = self._run_calls(calls)
-            else:
-                reply = self._on_reply(content)
-                observation, reward, terminated = (
-                    list(reply.messages),
-                    reply.reward,
-                    reply.terminated,
-                )
-        truncated = not terminated and self._turn >= self.max_turns
-        self._finished = terminated or truncated
-        info = {"task_id": self.task_id, "turn": self._turn} | self._info()
-        return copy.deepcopy(observation), float(reward), terminated, truncated, info
+            return [error_message(str(error))], 0.0, False
+        if calls:
+            return self._run_calls(calls)
+        reply = self._on_reply(content)
+        return list(reply.messages), reply.reward, reply.terminated
 
     def _run_calls(self, calls: list[Message]) -> tuple[list[Message], float, bool]:
         observation: list[Message] = []

@@ -45,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 Publish = Callable[[str, int], None]
 
+MAX_EMPTY_EPISODES = 32
+"""Episodes in a row that end before their first turn before the run stops: one is data (a
+task past the context), a run of them is an env or a server that is broken for good."""
+
 _IDLE_POLL_S = 0.25
 """How long a loop with nothing to do waits before looking at the store again."""
 
@@ -114,6 +118,8 @@ class Pipeline:
         self._group = 0
         self._in_training = 0
         """Turns of the batch the learner is on (still judged in the store until done)."""
+        self._failures_in_a_row = 0
+        """Episodes in a row that ended before their first turn (a broken env or server)."""
         self._failure: tuple[str, BaseException] | None = None
         """The first loop that stopped on an error, and the error."""
 
@@ -237,6 +243,12 @@ class Pipeline:
         with ThreadPoolExecutor(size) as pool:
             results = list(pool.map(lambda seed: self._episode(task_id, group_id, seed), seeds))
         for result in results:
+            self._failures_in_a_row = self._failures_in_a_row + 1 if result.turns == 0 else 0
+            if self._failures_in_a_row >= MAX_EMPTY_EPISODES:
+                raise RuntimeError(
+                    f"{MAX_EMPTY_EPISODES} episodes in a row ended before their first turn; "
+                    f"the last: {result.error}"
+                )
             self.progress.episodes += 1
             self.progress.rollout_tokens += result.completion_tokens
             self.progress.recent_rewards.append(result.total_reward)

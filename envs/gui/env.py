@@ -19,13 +19,14 @@ truncated with `info["browser_crashed"]`; the next `reset` starts a new browser.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 from playwright.async_api import Error as PlaywrightError
 
-from envs.core import Action, AgentEnv, Message, ToolResult, error_message
+from envs.core import AgentEnv, EpisodeAborted, Message, Reply, ToolResult
 from envs.gui.browser import BrowserCrashed, BrowserHost, acquire_host, release_host
 from envs.gui.page import NO_TIME_LIMIT_MS, TASK_AREA, PageConfig, TaskPage
 from envs.gui.render import PageView, page_message, view_from_js
@@ -169,28 +170,16 @@ class GUIEnv(AgentEnv):
             info["browser_crashed"] = True
         return info
 
-    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        self._fresh_view = False
-        try:
-            observation, reward, terminated, truncated, info = super().step(action)
-            if not terminated:
-                message = self._page_message()
-                assert self.view is not None
-                if self.view.done:  # the page ended the episode on its own (a time limit)
-                    reward, terminated, truncated = self.view.reward, True, False
-                    self._finished = True
-                    message = {"role": "user", "content": _ended(self.view)}
-                    info |= self._info()
-                observation.append(message)
-        except BrowserCrashed as error:
-            log.warning("episode of %s cut off: %s", self.task_id, error)
-            self._crashed = True
-            self._finished = True
-            self._discard_page()
-            observation = [error_message(f"the browser failed ({error}); the episode is over")]
-            reward, terminated, truncated = 0.0, False, True
-            info = {"task_id": self.task_id, "turn": self._turn} | self._info()
-        return observation, reward, terminated, truncated, info
+    def _after_action(self) -> Reply:
+        """The page again after every action, or, when the page ended the episode on its
+        own (its time limit), how it ended, with the page's reward."""
+        with self._ending_on_crash():
+            message = self._page_message()
+        assert self.view is not None
+        if self.view.done:
+            ended: Message = {"role": "user", "content": _ended(self.view)}
+            return Reply((ended,), self.view.reward, terminated=True)
+        return Reply((message,))
 
     def close(self) -> None:
         """Closes this env's browser context and gives back the shared browser; idempotent."""
@@ -206,7 +195,7 @@ class GUIEnv(AgentEnv):
         Args:
             element: the element's id, the number in [brackets] in the page view.
         """
-        return self._run(self._click(element))
+        return self._run_step(self._click(element))
 
     def type_text(self, element: int, text: str, clear: bool = True) -> ToolResult:
         """Clicks a text field and types text into it with the keyboard.
@@ -216,7 +205,7 @@ class GUIEnv(AgentEnv):
             text: the text to type.
             clear: replace what the field holds (true) or add to it (false).
         """
-        return self._run(self._type(element, text, clear))
+        return self._run_step(self._type(element, text, clear))
 
     def press_key(self, key: str) -> ToolResult:
         """Presses a key or a combination on the keyboard.
@@ -225,7 +214,7 @@ class GUIEnv(AgentEnv):
             key: a key name such as "Enter", "Tab", "Backspace", "ArrowDown", "a", or a
                 combination such as "Control+a" or "Shift+Tab".
         """
-        return self._run(self._press(key))
+        return self._run_step(self._press(key))
 
     def select_option(self, element: int, option: str) -> ToolResult:
         """Chooses an option of a drop-down list (<select>).
@@ -234,7 +223,7 @@ class GUIEnv(AgentEnv):
             element: id of the <select> element.
             option: the option's text as shown in the page view.
         """
-        return self._run(self._select(element, option))
+        return self._run_step(self._select(element, option))
 
     def scroll(
         self, direction: Direction, amount: int = 100, element: int | None = None
@@ -246,7 +235,7 @@ class GUIEnv(AgentEnv):
             amount: how far, in pixels.
             element: id of an element inside the box to scroll; omit to scroll the page.
         """
-        return self._run(self._scroll(direction, amount, element))
+        return self._run_step(self._scroll(direction, amount, element))
 
     def click_at(self, x: float, y: float) -> ToolResult:
         """Clicks at a point of the screenshot, for agents that act on pixels.
@@ -255,7 +244,7 @@ class GUIEnv(AgentEnv):
             x: pixels from the screenshot's left edge.
             y: pixels from the screenshot's top edge.
         """
-        return self._run(self._click_at(x, y))
+        return self._run_step(self._click_at(x, y))
 
     def wait(self, seconds: float) -> ToolResult:
         """Waits, for pages that change on their own (delayed buttons, suggestions).
@@ -265,7 +254,7 @@ class GUIEnv(AgentEnv):
         """
         if not 0 <= seconds <= MAX_WAIT_SECONDS:
             raise ToolCallError(f"seconds must be between 0 and {MAX_WAIT_SECONDS:g}")
-        return self._run(self._wait(seconds))
+        return self._run_step(self._wait(seconds))
 
     # -- browser side (coroutines run on the browser thread) ---------------------------
     async def _start_episode(self) -> PageView:
@@ -381,6 +370,22 @@ class GUIEnv(AgentEnv):
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._host_or_acquire().run(coro, self.timeout)
 
+    def _run_step(self, coro: Coroutine[Any, Any, T]) -> T:
+        """`_run` for a tool's work: a browser that fails ends the episode."""
+        with self._ending_on_crash():
+            return self._run(coro)
+
+    @contextlib.contextmanager
+    def _ending_on_crash(self) -> Iterator[None]:
+        """Within a step, a failed browser ends the episode (`EpisodeAborted`: truncated,
+        with an error observation); its page is dropped, and the next reset starts anew."""
+        try:
+            yield
+        except BrowserCrashed as error:
+            self._crashed = True
+            self._discard_page()
+            raise EpisodeAborted(f"the browser failed ({error})") from error
+
     def _discard_page(self) -> None:
         page, self._page = self._page, None
         if page is not None and self._host is not None and self._host.running:
@@ -390,7 +395,10 @@ class GUIEnv(AgentEnv):
                 log.warning("a browser context did not close in time")
 
     def _page_message(self) -> Message:
-        if not self._fresh_view:
+        """The page view; the one the last action left, if it left one (a fresh view is
+        used once: the next step observes the page again)."""
+        fresh, self._fresh_view = self._fresh_view, False
+        if not fresh:
             page = self._live_page()
             self.view = view_from_js(self._run(self._guard(page.call("observe", 0))))
         assert self.view is not None

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from envs.core import (
     Action,
     AgentEnv,
+    EpisodeEnd,
     Message,
     ScriptedAgent,
     ToolResult,
@@ -276,12 +277,11 @@ class SWEEnv(AgentEnv):
         return f"undone: the last edit of {path}"
 
     # -- episode end ---------------------------------------------------------------------
-    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = super().step(action)
+    def _on_episode_end(self, terminated: bool, truncated: bool) -> EpisodeEnd:
+        """An episode the turn budget cut short is graded on what the workspace holds."""
         if truncated and self._report is None:
-            reward += self._reward(self._grade())
-            info = info | self._info()
-        return observation, reward, terminated, truncated, info
+            return EpisodeEnd(reward=self._reward(self._grade()))
+        return EpisodeEnd()
 
     def _reward(self, report: Report) -> float:
         return report.reward(self.reward_kind)

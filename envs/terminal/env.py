@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from envs.core import Action, AgentEnv, Message, ToolResult, tool_calls_message
+from envs.core import Action, AgentEnv, EpisodeEnd, Message, ToolResult, tool_calls_message
 from envs.sandbox import (
     Sandbox,
     SandboxConfig,
@@ -145,13 +145,11 @@ class TerminalEnv(AgentEnv):
         return ToolResult(f"submitted: {verdict.summary}", verdict.reward, terminated=True)
 
     # -- episode end ---------------------------------------------------------------------
-    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = super().step(action)
+    def _on_episode_end(self, terminated: bool, truncated: bool) -> EpisodeEnd:
+        """An episode the turn budget cut short is graded as the sandbox stands."""
         if truncated and self._verdict is None:
-            verdict = self._grade()
-            reward += verdict.reward
-            info = info | self._info()
-        return observation, reward, terminated, truncated, info
+            return EpisodeEnd(reward=self._grade().reward)
+        return EpisodeEnd()
 
     def _grade(self) -> Verdict:
         assert self.sandbox is not None and self.task is not None

@@ -11,9 +11,15 @@ Task sets (`envs.toolcall.tasks`) are chosen by the `tasks` kwarg; each task is 
   grades state and responses; an episode cut short by the turn budget scores 0, as BFCL
   scores a model it had to stop.
 - tau2-bench (retail, airline): the domain's policy and tools over its database; a
-  simulated user (`envs.toolcall.user`) answers every reply without tool calls. When the
-  user ends the conversation (or the agent says `###STOP###`), tau2's evaluators grade it;
-  cut short by the turn budget it scores 0, as tau2 scores a premature end.
+  simulated user (`envs.toolcall.user`) answers every reply without tool calls: by default
+  a script that states the reason for calling and stops after the agent's first answer;
+  with `user="model"`, a model behind an OpenAI-compatible endpoint playing the task's user
+  scenario under tau2's user guidelines, as tau2 intends. When the user ends the
+  conversation (a stop token, or `user_max_turns` messages said) or the agent says
+  `###STOP###`, tau2's evaluators grade it; cut short by the turn budget it scores 0, as
+  tau2 scores a premature end. A user model that fails mid-episode ends the episode,
+  truncated, with the reason in `info["aborted"]`; one that fails on the opening message
+  makes `reset` raise `UserModelError` (there is no episode without it).
 
 Calls to unknown tools, with arguments that are not JSON or that do not fit the tool's
 schema, come back as error observations (BFCL single-turn grades the reply all the same,
@@ -26,13 +32,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from envs.core import ERROR_PREFIX, Action, AgentEnv, Message, Reply, tool_calls_message
+from envs.core import (
+    ERROR_PREFIX,
+    Action,
+    AgentEnv,
+    EpisodeAborted,
+    EpisodeEnd,
+    Message,
+    Reply,
+    tool_calls_message,
+)
 from envs.toolcall import bfcl
 from envs.toolcall.multiturn import BackendEntry, BackendSandbox
 from envs.toolcall.tasks import ToolCallTask, load_task_set
 from envs.toolcall.taubench import STOP_TOKENS, Tau2Session, communicate_info, plain_schema
 from envs.toolcall.taubench import reference_actions as tau2_actions
-from envs.toolcall.user import ScriptedUser, TauUser, is_stop
+from envs.toolcall.user import TauUser, UserModelError, is_stop, make_user
 from envs.tools import Tool, ToolCallError
 
 TAU2_SYSTEM = (
@@ -50,8 +65,16 @@ class ToolCallEnv(AgentEnv):
         split: "train", "test" (held out) or "all".
         max_turns: assistant messages allowed per episode.
         sandbox: the backend of BFCL multi-turn's sandboxes ("bwrap", "docker", "auto").
-        user: tau2's user, a `TauUser` (e.g. `ModelUser(engine)`); None: a `ScriptedUser`
-            who states the reason for calling and stops after the agent's first answer.
+        user: tau2's user: "scripted" (states the reason for calling, stops after the
+            agent's first answer), "model" (a model at `user_base_url` plays the task's
+            user), or a `TauUser` object (e.g. `ModelUser(engine)`).
+        user_base_url: "model": the user model's OpenAI-compatible endpoint, e.g.
+            "http://127.0.0.1:8000/v1".
+        user_model: "model": the model name the endpoint serves.
+        user_api_key: "model": the endpoint's key (None: `$OPENAI_API_KEY` or none).
+        user_max_turns: "model": the most messages the user model writes per episode, its
+            opening included; then the user stops (None: the turn budget alone bounds it).
+        user_timeout: "model": seconds one request to the user model may take.
     """
 
     def __init__(
@@ -60,7 +83,12 @@ class ToolCallEnv(AgentEnv):
         split: str = "train",
         max_turns: int = 30,
         sandbox: str = "bwrap",
-        user: TauUser | None = None,
+        user: str | TauUser = "scripted",
+        user_base_url: str | None = None,
+        user_model: str | None = None,
+        user_api_key: str | None = None,
+        user_max_turns: int | None = None,
+        user_timeout: float = 60.0,
     ):
         super().__init__(max_turns=max_turns)
         self.task_set = tasks
@@ -69,7 +97,11 @@ class ToolCallEnv(AgentEnv):
         if not self.tasks:
             raise ValueError(f"task set {tasks!r} has no tasks in split {split!r}")
         self.sandbox_backend = sandbox
-        self.user: TauUser = user if user is not None else ScriptedUser()
+        self.user: TauUser = (
+            make_user(user, user_base_url, user_model, user_api_key, user_max_turns, user_timeout)
+            if isinstance(user, str)
+            else user
+        )
         self.task: ToolCallTask | None = None
         self.turn_index = 0
         self._tools_now: list[Tool] = []
@@ -231,7 +263,11 @@ class ToolCallEnv(AgentEnv):
         self._conversation.append({"role": "assistant", "content": content})
         if STOP_TOKENS[0] in content:
             return Reply((), self._grade_tau2(), terminated=True)
-        text = self.user.reply(self._scenario(), self._conversation)
+        try:
+            text = self.user.reply(self._scenario(), self._conversation)
+        except UserModelError as error:  # no fault of the agent's: the episode just stops
+            self._grade = {"valid": False, "error_type": f"aborted: {error}"}
+            raise EpisodeAborted(str(error)) from error
         self._session.say("user", text)
         self._conversation.append({"role": "user", "content": text})
         message: Message = {"role": "user", "content": text}
@@ -256,14 +292,13 @@ class ToolCallEnv(AgentEnv):
         assert self.task is not None
         return str(self.task.data.user_scenario)
 
-    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = super().step(action)
+    def _on_episode_end(self, terminated: bool, truncated: bool) -> EpisodeEnd:
+        """A truncated episode nobody graded scores 0, as the benchmarks score a model they
+        had to stop; either way the task's backends are done."""
         if truncated and self._grade is None:
             self._grade = {"valid": False, "error_type": "truncated: the turn budget ran out"}
-            info = info | self._info()
-        if terminated or truncated:
-            self._close_backends()
-        return observation, reward, terminated, truncated, info
+        self._close_backends()
+        return EpisodeEnd()
 
     # -- lifecycle -----------------------------------------------------------------------
     def _close_backends(self) -> None:

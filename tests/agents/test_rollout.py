@@ -174,3 +174,15 @@ def _json(body):
     import json
 
     return json.dumps(body, allow_nan=True)
+
+
+class _BrokenEnv(_OneTurnEnv):
+    def reset(self, *, seed=None, options=None):
+        raise ConnectionError("the user model is down")
+
+
+def test_an_environment_that_cannot_reset_gives_an_empty_failed_episode(proxied):
+    seat, store, _ = proxied
+    summary = play(seat, env=_BrokenEnv("unused"))
+    assert summary.turns == 0 and "the user model is down" in (summary.error or "")
+    assert store.sessions() == []  # nothing was played, nothing is recorded

@@ -4,9 +4,20 @@ from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401
 from envs.arith.env import ArithEnv
-from envs.core import ERROR_PREFIX, IdleAgent, parse_action, run_episode, tool_calls_message
+from envs.core import (
+    ERROR_PREFIX,
+    AgentEnv,
+    EpisodeAborted,
+    EpisodeEnd,
+    IdleAgent,
+    Reply,
+    ToolResult,
+    parse_action,
+    run_episode,
+    tool_calls_message,
+)
 from envs.registry import registered_ids
-from envs.tools import ToolCallError
+from envs.tools import Tool, ToolCallError
 
 
 def call(name, arguments, call_id="c1"):
@@ -140,3 +151,73 @@ def test_tool_calls_message_encodes_mappings_and_keeps_strings_as_sent():
         ],
     }
     assert parse_action(message)[1] == message["tool_calls"]
+
+
+class _Ending(AgentEnv):
+    """An env that records its episode-end hook's calls: `finish` ends the task, `crash`
+    aborts the episode, and after every other action it says "looked"."""
+
+    def __init__(self) -> None:
+        super().__init__(max_turns=3)
+        self.ends: list[tuple[bool, bool]] = []
+
+    def task_ids(self):
+        return ["only"]
+
+    def _load_task(self, task_id):
+        self.ends = []
+
+    def _first_messages(self):
+        return [{"role": "user", "content": "go"}]
+
+    def _tools(self):
+        return (Tool.from_function(self.finish), Tool.from_function(self.crash))
+
+    def finish(self) -> ToolResult:
+        """Ends the task."""
+        return ToolResult("done", 1.0, terminated=True)
+
+    def crash(self) -> str:
+        """Fails as a browser that died does."""
+        raise EpisodeAborted("the backend is gone")
+
+    def _after_action(self):
+        return Reply(({"role": "user", "content": "looked"},), 0.25)
+
+    def _on_episode_end(self, terminated, truncated):
+        self.ends.append((terminated, truncated))
+        return EpisodeEnd(10.0, ({"role": "user", "content": "graded"},))
+
+
+def test_episode_end_hook_runs_once_on_truncation_and_lands_in_that_step():
+    env = _Ending()
+    env.reset(seed=0)
+    for _ in range(2):
+        observation, reward, terminated, truncated, _ = env.step("thinking")
+        assert env.ends == [] and (reward, terminated, truncated) == (0.25, False, False)
+        assert observation[-1]["content"] == "looked"
+    observation, reward, terminated, truncated, _ = env.step("thinking")
+    assert env.ends == [(False, True)] and (reward, terminated, truncated) == (10.25, False, True)
+    assert [m["content"] for m in observation][-2:] == ["looked", "graded"]
+
+
+def test_episode_end_hook_runs_once_on_termination_after_the_tools_results():
+    env = _Ending()
+    env.reset(seed=0)
+    env.step("thinking")
+    observation, reward, terminated, truncated, _ = env.step(call("finish", "{}"))
+    assert env.ends == [(True, False)] and (reward, terminated, truncated) == (11.0, True, False)
+    assert [m["content"] for m in observation] == ["done", "graded"]  # no "looked": it ended
+    env.reset(seed=0)
+    assert env.ends == []
+
+
+def test_an_aborted_episode_is_truncated_with_the_reason_and_still_ends_once():
+    env = _Ending()
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step(call("crash", "{}"))
+    assert env.ends == [(False, True)] and (reward, terminated, truncated) == (10.0, False, True)
+    assert observation[0]["content"] == ERROR_PREFIX + "the backend is gone; the episode is over"
+    assert info["aborted"] == "the backend is gone" and info["turn"] == 1
+    with pytest.raises(RuntimeError, match="finished episode"):
+        env.step("more")
