@@ -58,3 +58,33 @@ def test_proxy_over_vllm_records_token_exact_turns(vllm_engine, tiny_adapters, t
     for turn, again in zip(turns, rescored, strict=True):
         assert len(turn.completion_token_ids) == len(turn.completion_logprobs) > 0
         assert again == pytest.approx(list(turn.completion_logprobs), abs=1e-3)
+
+
+def test_an_episode_through_the_proxy_stores_what_the_direct_path_stores_on_vllm(
+    vllm_engine, tmp_path
+):
+    """Training's rollouts reach vLLM through the proxy (`ProxySeat`): greedy and seeded, the
+    turns it records are the ones vLLM itself gives the in-process path (`DirectSeat`)."""
+    from agents.engines.base import SamplingParams
+    from agents.rollout import DirectSeat, ProxySeat, run_episode
+    from envs.arith.env import ArithEnv
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, seed=7)
+
+    def play(seat):
+        return run_episode(
+            ArithEnv(max_turns=2), seat, env_id="clawgym/Arith-v0", seed=1, sampling=greedy
+        )
+
+    with Store(tmp_path / "direct.sqlite") as direct_store:
+        direct = direct_store.session(play(DirectSeat(vllm_engine, direct_store)).session_id)
+    with Store(tmp_path / "proxy.sqlite") as store, running(vllm_engine, store) as (url, _):
+        seat = ProxySeat(url)
+        proxied = store.session(play(seat).session_id)
+        seat.close()
+    assert len(proxied.turns) == len(direct.turns) == 2
+    for ours, theirs in zip(proxied.turns, direct.turns, strict=True):
+        assert ours.prompt_token_ids == theirs.prompt_token_ids
+        assert ours.completion_token_ids == theirs.completion_token_ids
+        assert ours.completion_logprobs == pytest.approx(theirs.completion_logprobs, abs=1e-6)
+    assert proxied.outcome_reward == direct.outcome_reward
