@@ -16,7 +16,6 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
 
 from __future__ import annotations
 
-import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
     @routes.post("/admin/sessions")
     async def open_session(request: Request) -> dict[str, Any]:
         proxy.check_key(request.headers)
-        session = _session(await _object(request))
+        session = _session(api.json_object(await request.body()))
         await proxy._checkpoints.writable()
         try:
             proxy.sessions.open(session)
@@ -47,7 +46,7 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
     @routes.post("/admin/sessions/{session_id}/end")
     async def end_session(request: Request, session_id: str) -> dict[str, Any]:
         proxy.check_key(request.headers)
-        body = await _object(request)
+        body = api.json_object(await request.body())
         messages, rewards = _messages(body), _rewards(body)
         outcome, status = _outcome(body), _status(body)
         await proxy._checkpoints.writable()
@@ -58,16 +57,6 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
         except SessionEnded as error:
             raise api.ApiError(409, str(error), code="session_ended") from error
         return {"session_id": session_id, "status": str(status)}
-
-
-async def _object(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except (ValueError, RecursionError) as error:
-        raise api.ApiError(400, f"the body is not valid JSON: {error}") from error
-    if not isinstance(body, dict):
-        raise api.ApiError(400, "the body must be a JSON object")
-    return body
 
 
 def checked(session_id: Any) -> str:

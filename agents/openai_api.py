@@ -15,6 +15,7 @@ into streamed content; the parsed tool calls are sent once the completion is com
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,17 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         """OpenAI's error body."""
         return error_body(self.message, self.kind, self.param, self.code)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object, or a 400 saying what is wrong."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as error:  # ValueError: bad JSON or bad UTF-8
+        raise ApiError(400, f"the body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
 
 
 def error_body(

@@ -475,16 +475,6 @@ def _chat_request(raw: bytes) -> ChatRequest:
         raise api.ApiError(400, message, param=param) from error
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as error:  # ValueError: bad JSON or bad UTF-8
-        raise api.ApiError(400, f"the body is not valid JSON: {error}") from error
-    if not isinstance(body, dict):
-        raise api.ApiError(400, "the body must be a JSON object")
-    return body
-
-
 def _build_app(proxy: Proxy) -> ASGIApp:
     routes = FastAPI(title="clawgym proxy", docs_url=None, redoc_url=None, openapi_url=None)
     routes.state.proxy = proxy
@@ -509,7 +499,7 @@ def _build_app(proxy: Proxy) -> ASGIApp:
     @routes.post("/admin/adapters")
     async def publish(request: Request) -> dict[str, Any]:
         proxy.check_key(request.headers)
-        body = _json_object(await request.body())
+        body = api.json_object(await request.body())
         path, version = body.get("path"), body.get("version")
         if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
             raise api.ApiError(400, 'the body must be {"path": str, "version": int}')
