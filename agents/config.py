@@ -82,20 +82,37 @@ class SamplingConfig:
 
 @dataclass
 class EnvConfig:
-    """Which environment the rollouts play."""
+    """One environment of a run. A run plays one or several (a mixture): the `env` group's
+    options each land under their own name (`env=[chat,terminal]` gives `env.chat` and
+    `env.terminal`), and one env is changed by name: `env.terminal.group_size=2`."""
 
     id: str = "clawgym/Arith-v0"
-    """A registered gymnasium id (`clawgym/<Name>-v0`)."""
+    """A registered gymnasium id (`clawgym/<Name>-v0`), or your own env as
+    `module:<Namespace>/<Name>-v0`, where importing `module` registers it (gymnasium's
+    syntax): an `AgentEnv` subclass trains without changing clawgym."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Registration kwargs of the variant, e.g. {split: test, max_turns: 4}."""
     group_size: int = 1
     """Rollouts per task sharing a group id (the GRPO baseline is taken over a group)."""
     users: str = "simulated"
     """simulated: the env's own users or tasks drive episodes; live: real clients talk to
-    the proxy and nothing is rolled out (Chat-v0's `env.users=live`)."""
-    outcome_is_reward: bool = True
-    """Whether the env's outcome reward trains (false for Chat-v0, whose reward is 0 and
-    whose preference score is for evaluation only)."""
+    the proxy and this env rolls nothing out (Chat-v0's `env.chat.users=live`)."""
+    weight: float = 1.0
+    """This env's share of the groups a mixture plays, relative to the others' weights."""
+    max_tokens: int | None = None
+    """Tokens per policy turn here (a shell command or a patch needs more than a chat
+    reply); None: the run's `sampling.max_tokens`."""
+    judge: str | None = None
+    """The judge of this env's turns (a `judge.kind`, e.g. env: the verifiable outcome);
+    None: the run's judge."""
+    judge_weight: float = 1.0
+    """Weight of the judge's per-step score in each turn's reward."""
+    outcome_weight: float = 1.0
+    """Weight of the episode's outcome in each of its turns' rewards; 0 where the outcome
+    is not a training signal (Chat-v0's reward is 0; its preference score is for
+    evaluation). A judge that is the outcome (judge: env) counts it once, not twice."""
+    eval_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    """What changes in `kwargs` for held-out evaluation during training (`eval`)."""
 
 
 @dataclass
@@ -165,11 +182,31 @@ def validate_serve(serve: ServeSection) -> None:
         )
 
 
-def validate_env(env: EnvConfig) -> None:
-    """Raises ValueError, saying the fix, for an env config the rollouts cannot play."""
+def validate_env(env: EnvConfig, name: str = "env") -> None:
+    """Raises ValueError, saying the fix, for an env config the rollouts cannot play;
+    `name` is where it sits in the config (`env.terminal`)."""
     if env.group_size < 1:
-        raise ValueError(f"env.group_size must be >= 1, got {env.group_size}")
+        raise ValueError(f"{name}.group_size must be >= 1, got {env.group_size}")
     if env.users not in ("simulated", "live"):
-        raise ValueError(f"env.users must be simulated or live, got {env.users!r}")
-    if not env.id.startswith("clawgym/"):
-        raise ValueError(f"env.id must be a clawgym/ id, got {env.id!r}")
+        raise ValueError(f"{name}.users must be simulated or live, got {env.users!r}")
+    if not (env.id.startswith("clawgym/") or ":" in env.id):
+        raise ValueError(
+            f"{name}.id must be a clawgym/ id, or module:Namespace/Name-v0 for an env that "
+            f"importing `module` registers; got {env.id!r}"
+        )
+    if not env.weight > 0:
+        raise ValueError(f"{name}.weight must be positive, got {env.weight}")
+    if env.max_tokens is not None and env.max_tokens < 1:
+        raise ValueError(f"{name}.max_tokens must be >= 1 (or null), got {env.max_tokens}")
+    if env.judge_weight < 0 or env.outcome_weight < 0:
+        raise ValueError(f"{name}.judge_weight and {name}.outcome_weight must be >= 0")
+
+
+def validate_envs(envs: dict[str, EnvConfig]) -> None:
+    """Raises ValueError, saying the fix, for a run's set of envs."""
+    if not envs:
+        raise ValueError(
+            "the run has no environment: choose one (env=chat) or several (env=[chat,arith])"
+        )
+    for name, env in envs.items():
+        validate_env(env, f"env.{name}")

@@ -6,12 +6,13 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
   first request instead, as env `live`).
 - Each turn is an ordinary `POST /v1/chat/completions` with `X-Session-Id`; its response's
   `X-Turn-Index` header gives the turn's index in the session.
-- `POST /admin/sessions/{id}/end` `{"messages", "rewards"?, "outcome_reward"?, "status"?}`
-  ends it: `messages` is the final history (the environment's last observation after the
-  last reply: that turn's next state), `rewards` maps turn indexes to the environment's
-  reward of each, `status` is `done` (default) or `failed`.
+- `POST /admin/sessions/{id}/end` `{"messages", "rewards"?, "outcome_reward"?, "status"?,
+  "reason"?}` ends it: `messages` is the final history (the environment's last observation
+  after the last reply: that turn's next state), `rewards` maps turn indexes to the
+  environment's reward of each, `status` is `done` (default), `truncated` or `failed`, and
+  `reason` says why it ended (kept in the session's metadata as `end_reason`).
 
-`agents.rollout.ProxyPolicy` is the client side.
+`agents.rollout.ProxySeat` is the client side.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from agents.trajectory import Session, SessionStatus
 
 if TYPE_CHECKING:
     from agents.proxy import Proxy
+
+ENDED = (SessionStatus.DONE, SessionStatus.TRUNCATED, SessionStatus.FAILED)
+"""The statuses an episode's client may end its session with."""
+MAX_REASON = 2000
+"""Most characters of an end's reason that are kept."""
 
 
 def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
@@ -48,10 +54,10 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
         proxy.check_key(request.headers)
         body = api.json_object(await request.body())
         messages, rewards = _messages(body), _rewards(body)
-        outcome, status = _outcome(body), _status(body)
+        outcome, status, reason = _outcome(body), _status(body), _reason(body)
         await proxy._checkpoints.writable()
         try:
-            proxy.sessions.end(checked(session_id), messages, rewards, outcome, status)
+            proxy.sessions.end(checked(session_id), messages, rewards, outcome, status, reason)
         except KeyError as error:
             raise api.ApiError(404, f"no session {session_id!r}", param="session_id") from error
         except SessionEnded as error:
@@ -116,9 +122,18 @@ def _outcome(body: dict[str, Any]) -> float | None:
 
 def _status(body: dict[str, Any]) -> SessionStatus:
     status = body.get("status", "done")
-    if status not in (SessionStatus.DONE, SessionStatus.FAILED):
-        raise api.ApiError(400, f"status must be done or failed, got {status!r}", param="status")
+    if not isinstance(status, str) or status not in ENDED:
+        raise api.ApiError(
+            400, f"status must be done, truncated or failed, got {status!r}", param="status"
+        )
     return SessionStatus(status)
+
+
+def _reason(body: dict[str, Any]) -> str | None:
+    """The end's reason, its first `MAX_REASON` characters (an environment's error may
+    carry a whole log: the reason is for people, and the episode must still end)."""
+    reason = _optional_text(body, "reason")
+    return None if reason is None else reason[:MAX_REASON]
 
 
 def _finite(value: Any) -> bool:

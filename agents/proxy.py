@@ -43,7 +43,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agents import openai_api as api
 from agents.chat_request import ChatRequest, validation_message
-from agents.engines.base import BASE, POLICY, Completion, Engine, SamplingParams, TokenChunk
+from agents.engines.base import (
+    BASE,
+    POLICY,
+    Completion,
+    ContextExceeded,
+    Engine,
+    SamplingParams,
+    TokenChunk,
+)
 from agents.episode_routes import add_episode_routes
 from agents.http_protocol import CONNECTION_LOST
 from agents.sessions import SessionEnded, SessionInfo, SessionRefused, SessionTracker, identify
@@ -445,12 +453,13 @@ async def _merged(
 
 def _engine_error(error: Exception) -> api.ApiError:
     """What a client is told when the engine refuses or fails a request: a 400 for what the
-    request asked (a prompt over the context, a budget an upstream refuses), a 502 for an
-    engine that broke; never a 500."""
+    request asked (a prompt over the context, with OpenAI's code `context_length_exceeded`,
+    which an episode's client acts on; a budget an upstream refuses), a 502 for an engine
+    that broke; never a 500."""
     message = str(error)
     status = getattr(error, "status", None)
     if isinstance(error, ValueError) or (isinstance(status, int) and 400 <= status < 500):
-        code = "context_length_exceeded" if "context" in message else None
+        code = "context_length_exceeded" if isinstance(error, ContextExceeded) else None
         return api.ApiError(400, message, param="messages", code=code)
     logger.error("the engine failed: %s", message)
     return api.ApiError(502, f"the engine failed: {message}", "server_error")

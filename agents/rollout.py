@@ -12,10 +12,19 @@
   the leaderboard's scripted baselines play this way. With the same seed and sampling it
   stores the very token ids and log-probs the proxy stores (a test holds it to that).
 
-A request the policy's server refuses (a prompt past the context) or an environment whose
-step raises (a sandbox that died) ends the episode as failed, with its reason in the
-summary: a bad episode is data. A server that fails (5xx, gone) raises: that is no
-episode's fault, and the caller decides.
+A bad episode is data, never a dead run. A long agentic episode whose history outgrows the
+policy's context gets context management: when the server refuses the prompt as past its
+context (the proxy's error code `context_length_exceeded`, the engine's `ContextExceeded`),
+its oldest observation still whole is replaced by `ELIDED` (`elide_oldest`) and the request
+is sent again, until it fits. Later turns go on from the elided history, so what the policy
+saw is what is stored, token-exactly: each turn's prompt is the history as sent (the proxy
+links a turn's next state by its reply, which elision never touches, so a history that is
+no longer a prefix of the last one still links). When nothing is left to elide, the episode
+ends `truncated` with the reason "context". A request refused for another reason, or an
+environment whose step raises (a sandbox that died), ends it `failed` with its reason. The
+session keeps why it ended in its metadata (`end_reason`): "terminated", "max_turns" (the
+environment's turn budget ran out), "context", or what failed. A server that fails (5xx,
+gone) raises: that is no episode's fault, and the caller decides.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import gymnasium as gym
 import httpx
 import openai
 
-from agents.engines.base import Engine, SamplingParams
+from agents.engines.base import ContextExceeded, Engine, SamplingParams
 from agents.sessions import sampled_turn
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, TurnType
@@ -39,9 +48,22 @@ logger = logging.getLogger(__name__)
 
 Message = Mapping[str, Any]
 
+ELIDED = "[older output elided to fit the context]"
+"""What an observation elided to fit the context says instead (`elide_oldest`)."""
+CONTEXT_CODE = "context_length_exceeded"
+"""OpenAI's error code for a prompt past the context; the proxy answers it too."""
+TERMINATED, MAX_TURNS, CONTEXT = "terminated", "max_turns", "context"
+"""Why an episode ended: the environment ended the task; its turn budget ran out (or it
+aborted, with its reason: "aborted: ..."); the history did not fit the context, even elided."""
+
 
 class EpisodeRefused(ValueError):
-    """The policy's server refused a turn's request (e.g. a prompt past the context)."""
+    """The policy's server refused a turn's request; `context`: because the prompt is past
+    the context (a history the episode can shorten and send again)."""
+
+    def __init__(self, message: str, context: bool = False):
+        super().__init__(message)
+        self.context = context
 
 
 @dataclass(frozen=True)
@@ -67,8 +89,13 @@ class EpisodeSummary:
     prompt_tokens: int
     completion_tokens: int
     terminated: bool
+    """The environment ended the task (not its turn budget, nor the context)."""
+    status: SessionStatus
+    """`done` when the environment ended the episode (terminated, or its turn budget ran
+    out), `truncated` when its history no longer fit the context, `failed` if it broke."""
     error: str | None = None
-    """Why the episode ended early (a refused request, a failed environment), or None."""
+    """Why the episode ended early (`CONTEXT`, a refused request, a failed environment), or
+    None when the environment ended it."""
 
 
 class Seat(Protocol):
@@ -99,9 +126,10 @@ class Seat(Protocol):
         rewards: Mapping[int, float],
         outcome_reward: float,
         status: SessionStatus,
+        reason: str | None = None,
     ) -> None:
         """Ends the session: the final history (the last turn's next state), each turn's
-        environment reward, the outcome."""
+        environment reward, the outcome, and why it ended (`reason`, kept with it)."""
         ...
 
 
@@ -123,29 +151,36 @@ def run_episode(
     except Exception as failure:
         reason = f"the environment failed to reset: {type(failure).__name__}: {failure}"
         logger.warning("episode of %s not played: %s", task_id, reason)
-        return EpisodeSummary("", task_id or "", 0.0, 0, 0, 0, False, reason)
+        return EpisodeSummary(
+            "", task_id or "", 0.0, 0, 0, 0, False, status=SessionStatus.FAILED, error=reason
+        )
     session_id = uuid.uuid4().hex
     seat.open(Session(session_id, env_id, task_id=info["task_id"], group_id=group_id))
     messages: list[dict[str, Any]] = [dict(m) for m in observation]
     rewards: dict[int, float] = {}
     total, turns, prompt_tokens, completion_tokens = 0.0, 0, 0, 0
     terminated = truncated = False
-    error: str | None = None
+    step_info: dict[str, Any] = {}
+    early: tuple[SessionStatus, str] | None = None  # an end before the environment's
     try:
         while not (terminated or truncated):
             try:
-                reply = seat.reply(
-                    session_id, messages, info["tools"], sampling or SamplingParams()
+                reply, messages = _fitted_reply(
+                    seat, session_id, messages, info["tools"], sampling or SamplingParams()
                 )
             except EpisodeRefused as refused:
-                error = str(refused)
-                logger.warning("episode %s ends early: %s", session_id, error)
+                if refused.context:
+                    early = SessionStatus.TRUNCATED, CONTEXT
+                else:
+                    early = SessionStatus.FAILED, str(refused)
+                logger.warning("episode %s ends early: %s", session_id, refused)
                 break
             try:
-                observation, reward, terminated, truncated, _ = env.step(reply.message)
+                observation, reward, terminated, truncated, step_info = env.step(reply.message)
             except Exception as failure:  # a sandbox or browser that died: the episode ends
-                error = f"the environment failed: {type(failure).__name__}: {failure}"
-                logger.warning("episode %s ends early: %s", session_id, error)
+                reason = f"the environment failed: {type(failure).__name__}: {failure}"
+                early = SessionStatus.FAILED, reason
+                logger.warning("episode %s ends early: %s", session_id, reason)
                 messages.append(reply.message)
                 break
             rewards[reply.index if reply.index is not None else turns] = float(reward)
@@ -154,13 +189,21 @@ def run_episode(
             prompt_tokens += reply.prompt_tokens
             completion_tokens += reply.completion_tokens
             turns += 1
-    except BaseException:
-        _end_quietly(seat, session_id, messages, rewards, total)
+    except BaseException as broken:
+        _end_quietly(seat, session_id, messages, rewards, total, broken)
         raise
-    status = SessionStatus.FAILED if error else SessionStatus.DONE
-    seat.end(session_id, messages, rewards, total, status)
+    if early is None and step_info.get("aborted") is not None:
+        # the env cut the episode off (a browser that crashed): data, with its reason
+        early = SessionStatus.TRUNCATED, f"aborted: {step_info['aborted']}"
+    status, reason = early or (SessionStatus.DONE, _env_end(terminated))
+    seat.end(session_id, messages, rewards, total, status, reason)
     logger.info(
-        "episode %s on %s: reward %.2f in %d turns", session_id, info["task_id"], total, turns
+        "episode %s on %s: %s, reward %.2f in %d turns",
+        session_id,
+        info["task_id"],
+        reason,
+        total,
+        turns,
     )
     return EpisodeSummary(
         session_id,
@@ -170,8 +213,71 @@ def run_episode(
         prompt_tokens,
         completion_tokens,
         terminated,
-        error,
+        status=status,
+        error=None if early is None else reason,
     )
+
+
+def _env_end(terminated: bool) -> str:
+    """Why the environment ended an episode it played to its end."""
+    return TERMINATED if terminated else MAX_TURNS
+
+
+def _fitted_reply(
+    seat: Seat,
+    session_id: str,
+    messages: list[dict[str, Any]],
+    tools: Sequence[Message],
+    sampling: SamplingParams,
+) -> tuple[Reply, list[dict[str, Any]]]:
+    """The seat's reply to the history, with the history as it was sent: while the server
+    refuses the prompt as past its context, its oldest observation is elided and the
+    request sent again.
+
+    Raises:
+        EpisodeRefused: a refusal for another reason, or past the context with nothing
+            left to elide.
+    """
+    while True:
+        try:
+            return seat.reply(session_id, messages, tools, sampling), messages
+        except EpisodeRefused as refused:
+            elided = elide_oldest(messages) if refused.context else None
+            if elided is None:
+                raise
+            logger.info("episode %s: an old observation elided to fit the context", session_id)
+            messages = elided
+
+
+def elide_oldest(messages: Sequence[Message], marker: str = ELIDED) -> list[dict[str, Any]] | None:
+    """The history with the content of its oldest observation still whole replaced by
+    `marker`; None when there is none left.
+
+    An observation is what the environment said after the policy's first reply: a tool
+    result or a user-role message. What comes before that reply (the system prompt, the
+    task) and the last observation (after the last reply) are kept whole: without them the
+    policy cannot know what it is doing, nor answer what it was just told. Replies are kept
+    too (the proxy links each turn to what follows its reply). Only an observation longer
+    than the marker is elided, so that each elision shortens the prompt.
+    """
+    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not replies:
+        return None
+    for i in range(replies[0] + 1, replies[-1]):
+        message = messages[i]
+        if message.get("role") in ("tool", "user") and _length(message) > len(marker):
+            elided = [dict(m) for m in messages]
+            elided[i]["content"] = marker
+            return elided
+    return None
+
+
+def _length(message: Message) -> int:
+    """Characters of a message's content (a string, or a list of text parts)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return sum(len(str(part.get("text", ""))) for part in content)
+    return len(content) if isinstance(content, str) else 0
 
 
 def _end_quietly(
@@ -180,10 +286,12 @@ def _end_quietly(
     messages: Sequence[Message],
     rewards: Mapping[int, float],
     total: float,
+    broken: BaseException,
 ) -> None:
     """Marks a session that broke off failed, where its server still answers."""
+    reason = f"the episode broke off: {type(broken).__name__}: {broken}"
     try:
-        seat.end(session_id, messages, rewards, total, SessionStatus.FAILED)
+        seat.end(session_id, messages, rewards, total, SessionStatus.FAILED, reason)
     except Exception as error:  # the original failure is what the caller must see
         logger.warning("could not end session %s: %s", session_id, error)
 
@@ -209,7 +317,7 @@ class DirectSeat:
         try:
             completion = self.engine.generate(messages, tools, sampling)
         except ValueError as error:  # the engine refused the request (e.g. the context)
-            raise EpisodeRefused(str(error)) from error
+            raise EpisodeRefused(str(error), isinstance(error, ContextExceeded)) from error
         index = self._link(session_id, messages) + 1
         self.store.add_turn(
             sampled_turn(
@@ -231,11 +339,12 @@ class DirectSeat:
         rewards: Mapping[int, float],
         outcome_reward: float,
         status: SessionStatus,
+        reason: str | None = None,
     ) -> None:
         self._link(session_id, messages)
         self._last.pop(session_id, None)
         self.store.set_env_rewards(session_id, rewards)
-        self.store.finish_session(session_id, outcome_reward, status)
+        self.store.finish_session(session_id, outcome_reward, status, reason)
 
     def _link(self, session_id: str, messages: Sequence[Message]) -> int:
         """Gives the session's last turn what the history adds after its reply as its next
@@ -254,10 +363,19 @@ class ProxySeat:
         base_url: the proxy's OpenAI-compatible base URL.
         api_key: the proxy's bearer key, if it has one.
         timeout: seconds one request may take (a long agentic turn on a CPU takes minutes).
+        turn_type: the turns' type: main turns train; side turns (held-out evaluation) are
+            stored but never judged or trained.
     """
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 1800.0):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 1800.0,
+        turn_type: TurnType = TurnType.MAIN,
+    ):
         self.base_url = base_url.rstrip("/")
+        self.turn_type = turn_type
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No retries: a retried turn would be sampled (and recorded) twice.
         self.client = openai.OpenAI(
@@ -294,11 +412,11 @@ class ProxySeat:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
-                extra_headers={"X-Session-Id": session_id, "X-Turn-Type": "main"},
+                extra_headers={"X-Session-Id": session_id, "X-Turn-Type": str(self.turn_type)},
                 **extra,
             )
         except openai.BadRequestError as error:
-            raise EpisodeRefused(_error_message(error)) from error
+            raise EpisodeRefused(_error_message(error), error.code == CONTEXT_CODE) from error
         response = raw.parse()
         message = response.choices[0].message.model_dump(exclude_none=True)
         message.setdefault("content", None)
@@ -318,12 +436,14 @@ class ProxySeat:
         rewards: Mapping[int, float],
         outcome_reward: float,
         status: SessionStatus,
+        reason: str | None = None,
     ) -> None:
         body = {
             "messages": list(messages),
             "rewards": {str(i): r for i, r in rewards.items()},
             "outcome_reward": outcome_reward,
             "status": str(status),
+            "reason": reason,
         }
         _checked(self._admin.post(f"/admin/sessions/{session_id}/end", json=body))
 

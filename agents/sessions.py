@@ -342,10 +342,12 @@ class SessionTracker:
         rewards: Mapping[int, float],
         outcome_reward: float | None,
         status: SessionStatus = SessionStatus.DONE,
+        reason: str | None = None,
     ) -> None:
         """Ends an episode: the final history gives the turn it continues its next state
         (the environment's last observation), the session's other open ends end empty,
-        each turn gets its environment reward, and the session its outcome.
+        each turn gets its environment reward, and the session its outcome, status and the
+        reason it ended (`Store.finish_session`).
 
         Raises:
             KeyError: no such session.
@@ -363,7 +365,7 @@ class SessionTracker:
             self.store.set_next_state(session_id, index, added)
         self.store.end_turns((session_id, end.index) for end in rest)
         self.store.set_env_rewards(session_id, rewards)
-        self.store.finish_session(session_id, outcome_reward, status)
+        self.store.finish_session(session_id, outcome_reward, status, reason)
 
     def commit(
         self,

@@ -214,13 +214,16 @@ class Store:
         session_id: str,
         outcome_reward: float | None = None,
         status: SessionStatus = SessionStatus.DONE,
+        reason: str | None = None,
     ) -> None:
-        """Closes a session with its outcome reward."""
+        """Closes a session with its outcome reward, and why it ended (`reason`, kept in its
+        metadata as `end_reason`: "terminated", "context", what failed)."""
         with self._write() as db:
             found = db.execute(
-                "UPDATE sessions SET status=?, outcome_reward=COALESCE(?, outcome_reward) "
-                "WHERE session_id=?",
-                (str(status), outcome_reward, session_id),
+                "UPDATE sessions SET status=?, outcome_reward=COALESCE(?, outcome_reward), "
+                "metadata=CASE WHEN ? IS NULL THEN metadata "
+                "ELSE json_set(metadata, '$.end_reason', ?) END WHERE session_id=?",
+                (str(status), outcome_reward, reason, reason, session_id),
             ).rowcount
         if not found:
             raise KeyError(f"no session {session_id!r} in {self.path}")
@@ -383,15 +386,17 @@ class Store:
             query += f" LIMIT {int(limit)}"
         return [(int(r["seq"]), _turn_from_row(r)) for r in self._db().execute(query, args)]
 
-    def count_turns(self, status: TurnStatus | None = None) -> int:
-        """How many turns the store holds (with a given status)."""
-        if status is None:
-            return int(self._db().execute("SELECT COUNT(*) FROM turns").fetchone()[0])
-        return int(
-            self._db()
-            .execute("SELECT COUNT(*) FROM turns WHERE status=?", (str(status),))
-            .fetchone()[0]
-        )
+    def count_turns(
+        self, status: TurnStatus | None = None, turn_type: TurnType | None = None
+    ) -> int:
+        """How many turns the store holds (with a given status and / or type)."""
+        clauses, args = [], []
+        for column, value in (("status", status), ("turn_type", turn_type)):
+            if value is not None:
+                clauses.append(f"{column}=?")
+                args.append(str(value))
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        return int(self._db().execute(f"SELECT COUNT(*) FROM turns{where}", args).fetchone()[0])
 
     # -- export --------------------------------------------------------------------------
     def iter_rows(self, status: TurnStatus | None = None) -> Iterator[dict[str, Any]]:

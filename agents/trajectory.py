@@ -35,10 +35,14 @@ class TurnStatus(enum.StrEnum):
 
 
 class SessionStatus(enum.StrEnum):
-    """`open` while turns may still arrive; `done` once closed; `failed` if it broke."""
+    """`open` while turns may still arrive; `done` once closed; `truncated` if an episode
+    was cut short before its environment ended it (its history outgrew the policy's
+    context); `failed` if it broke. Every status but `open` is final, and its turns are
+    data like any other. Why an episode ended is in the session's metadata, `end_reason`."""
 
     OPEN = "open"
     DONE = "done"
+    TRUNCATED = "truncated"
     FAILED = "failed"
 
 

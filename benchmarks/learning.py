@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 import envs  # noqa: F401  (registers the clawgym/ environments)
+from agents.config import EnvConfig
 from agents.engines.base import POLICY, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
 from trainers.config import RunConfig
@@ -92,10 +93,14 @@ def run_config(
     config = RunConfig()
     config.model.name = args.model
     config.method.name = method
-    config.env.id = "clawgym/Chat-v0"
-    config.env.kwargs = {"split": "train", "persona": args.persona, "questions_per_episode": 2}
-    config.env.outcome_is_reward = False
-    config.env.group_size = args.group_size
+    config.env = {
+        "chat": EnvConfig(
+            id="clawgym/Chat-v0",
+            kwargs={"split": "train", "persona": args.persona, "questions_per_episode": 2},
+            outcome_weight=0.0,
+            group_size=args.group_size,
+        )
+    }
     config.engine.threads = threads or args.threads
     config.trainer.max_steps = steps
     config.trainer.batch_turns = args.batch_turns
@@ -121,7 +126,7 @@ def learn(
     engine.load_adapter(str(run_dir / "adapters" / f"v{version}"), version)
     after = held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
     engine.close()
-    rewards = [row.get("judge_score") for row in read_metrics(run_dir)]
+    rewards = [row.get("judge_score") for row in read_metrics(run_dir) if "env" not in row]
     return {
         "method": method,
         "before": before.score,

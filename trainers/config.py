@@ -20,7 +20,7 @@ from agents.config import (
     SamplingConfig,
     ServeSection,
     validate_engine,
-    validate_env,
+    validate_envs,
     validate_serve,
 )
 
@@ -75,6 +75,10 @@ class MethodConfig:
     """binary / combine: add the environment's outcome reward."""
     scale_by_std: bool = False
     """GRPO: divide by the group's std as well as subtracting its mean."""
+    baseline: str = "step"
+    """The baseline a turn's reward is centred on: step (the mean over the group's turns at
+    the same step index, OpenClaw-RL's step-wise advantage) or group (over all the
+    group's turns)."""
 
 
 @dataclass
@@ -140,10 +144,36 @@ class TrainerConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """How simulated episodes are played (trainers/rollouts.py)."""
+
+    groups_in_flight: int = 1
+    """Task groups played at once, across the run's envs (each plays its `group_size`
+    episodes concurrently): a batching engine decodes all their turns together."""
+    max_empty_episodes: int = 32
+    """Episodes in a row that end before their first turn before the run stops: one is
+    data (a task past the context), a run of them is an env or server broken for good."""
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation during training (trainers/evaluation.py)."""
+
+    episodes: int = 0
+    """Held-out tasks per env, played greedily before training, every `every` steps and
+    after the last; 0 turns evaluation off."""
+    every: int = 0
+    """Steps between evaluations; 0: only before and after."""
+    max_tokens: int | None = None
+    """Tokens per turn while evaluating; None: each env's own."""
+
+
+@dataclass
 class RunConfig:
     """The root config."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: dict[str, EnvConfig] = field(default_factory=dict)
+    """The run's environments by name (the `env` group's options: env=[chat,terminal])."""
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -151,6 +181,8 @@ class RunConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     serve: ServeSection = field(default_factory=ServeSection)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     """Seeds task choice, sampling and the LoRA initialisation."""
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
@@ -159,7 +191,7 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raises ValueError, saying the fix, for any value the run cannot use."""
-    validate_env(config.env)
+    validate_envs(config.env)
     validate_engine(config.engine)
     validate_serve(config.serve)
     if config.engine.backend == "remote":
@@ -192,6 +224,17 @@ def validate(config: RunConfig) -> None:
         raise ValueError(
             f"method={config.method.name} needs hints from an LLM judge; use judge=self or remote"
         )
+    if config.method.baseline not in ("step", "group"):
+        raise ValueError(f"method.baseline must be step or group, got {config.method.baseline!r}")
+    for name, env in config.env.items():
+        if env.judge == "remote" and config.judge.kind != "remote":
+            raise ValueError(
+                f"env.{name}.judge=remote: a remote judge is configured once, as judge=remote"
+            )
+    if config.rollout.groups_in_flight < 1 or config.rollout.max_empty_episodes < 1:
+        raise ValueError("rollout.groups_in_flight and rollout.max_empty_episodes must be >= 1")
+    if config.eval.episodes < 0 or config.eval.every < 0:
+        raise ValueError("eval.episodes and eval.every must be >= 0")
     if config.trainer.batch_turns < 1 or config.trainer.max_steps < 0:
         raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
     if config.trainer.max_backlog is not None and (

@@ -30,16 +30,23 @@ class MetricsWriter:
 
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir))
 
-    def write(self, step: int, row: dict[str, Any]) -> None:
-        """Records one step's metrics."""
+    def write(self, step: int, row: dict[str, Any], env: str | None = None) -> None:
+        """Records one step's metrics: the run's, or (with `env`) one env's, whose row
+        carries `"env": name` and whose TensorBoard and W&B keys are `env/<name>/<key>`."""
         with open(self.path, "a") as handle:
-            handle.write(json.dumps({"step": step} | row) + "\n")
-        for key, value in row.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                self.tensorboard.add_scalar(key, value, step)
+            head = {"step": step} if env is None else {"step": step, "env": env}
+            handle.write(json.dumps(head | row) + "\n")
+        prefix = "" if env is None else f"env/{env}/"
+        scalars = {
+            prefix + key: value
+            for key, value in row.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+        for key, value in scalars.items():
+            self.tensorboard.add_scalar(key, value, step)
         self.tensorboard.flush()
         if self.wandb is not None:
-            self.wandb.log(row, step=step)
+            self.wandb.log(scalars if env is not None else row, step=step)
 
     def close(self) -> None:
         """Flushes and closes every sink; idempotent."""
@@ -50,7 +57,7 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of a run's metrics.jsonl, in order."""
+    """The rows of a run's metrics.jsonl, in order (the run's and each env's)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []

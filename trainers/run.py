@@ -29,16 +29,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
-from agents.config import ServeSection
+from agents.config import EnvConfig, ServeSection
 from agents.engines.vllm import own_cpus
 from agents.rollout import ProxySeat
 from agents.store import Store
-from agents.trajectory import TurnStatus
+from agents.trajectory import TurnStatus, TurnType
 from trainers.config import RunConfig, register_configs, validate
+from trainers.evaluation import Evaluator
 from trainers.judge import build_judge
 from trainers.learner import Learner
 from trainers.metrics import MetricsWriter
-from trainers.pipeline import Pipeline, Progress
+from trainers.pipeline import Pipeline
+from trainers.progress import Progress, episode_summary
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,11 @@ class RunSummary:
     logprob_gap_max: float | None
     """The largest such gap of any one token."""
     wall_s: float
+    envs: dict[str, dict[str, Any]]
+    """Per env: its episodes (count, reward, success rate, turns and tokens per episode,
+    wall time, failed and truncated) and its turns trained and dropped."""
+    held_out: dict[str, dict[str, Any]]
+    """Per env: its held-out score before and after training (with `eval.episodes`)."""
 
 
 def train(config: RunConfig, run_dir: Path) -> RunSummary:
@@ -95,8 +102,13 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     # every later one (peft's first load: 60 ms idle, 250-300 ms under load, measured);
     # until then requests skip peft. Outside adapters/, where versions live.
     engine.prepare_adapter(str(learner.save_adapter("adapter-shape")))
-    live = config.env.users == "live"
-    make_env = None if live else env_factory(config.env)
+    live = any(env.users == "live" for env in config.env.values())
+    judge = build_judge(config.judge, engine)
+    judges_by_env = {
+        name: build_judge(dataclasses.replace(config.judge, kind=env.judge), engine)
+        for name, env in config.env.items()
+        if env.judge is not None and env.judge != config.judge.kind
+    }
     try:
         with (
             serve_policy(engine, store, _served(config.serve, live), config.model.name) as (
@@ -104,18 +116,37 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 proxy,
             ),
             contextlib.closing(ProxySeat(url, serve_key(config.serve))) as seat,
+            contextlib.closing(
+                ProxySeat(url, serve_key(config.serve), turn_type=TurnType.SIDE)
+            ) as eval_seat,
         ):
+            simulated = {
+                name: with_run_endpoint(env, url, serve_key(config.serve))
+                for name, env in config.env.items()
+                if env.users == "simulated"
+            }
+            make_envs = {name: env_factory(env) for name, env in simulated.items()}
+            evaluator = Evaluator(
+                config.eval,
+                simulated,
+                env_factory,
+                eval_seat,
+                config.sampling,
+                metrics,
+                run_dir,
+            )
             pipeline = Pipeline(
                 config,
                 run_dir,
-                engine,
                 store,
                 learner,
-                build_judge(config.judge, engine),
-                make_env,
+                judge,
+                judges_by_env,
+                make_envs,
                 seat=seat,
                 publish=proxy.publish_adapter,
                 metrics=metrics,
+                evaluator=evaluator,
             )
             with _live_progress(pipeline.progress, config.trainer.max_steps):
                 steps = pipeline.run(overlap=config.trainer.overlap)
@@ -135,11 +166,28 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
             logprob_gap=_mean_gap(steps),
             logprob_gap_max=max((s.logprob_gap_max for s in steps), default=None),
             wall_s=round(time.monotonic() - started, 1),
+            envs=_env_summaries(pipeline.progress),
+            held_out=evaluator.before_after(),
         )
     finally:
         metrics.close()
         store.close()
         engine.close()
+
+
+RUN_ENDPOINT = "run"
+"""`user_base_url: run` in an env's kwargs: its user model is the run's own policy server."""
+
+
+def with_run_endpoint(env: EnvConfig, url: str, api_key: str | None) -> EnvConfig:
+    """The env with `user_base_url: run` pointed at the run's proxy: a model-driven user
+    (tau2's) played by the policy's base model (adapter off: `base`, never trained; its
+    requests are side turns), as tau2 intends its user to be a model."""
+    if env.kwargs.get("user_base_url") != RUN_ENDPOINT:
+        return env
+    kwargs = env.kwargs | {"user_base_url": url, "user_api_key": api_key or "none"}
+    kwargs.setdefault("user_model", "base")  # the proxy's name for the adapter off
+    return dataclasses.replace(env, kwargs=kwargs)
 
 
 def _served(serve: ServeSection, live: bool) -> ServeSection:
@@ -148,6 +196,14 @@ def _served(serve: ServeSection, live: bool) -> ServeSection:
     if live or serve.enabled:
         return serve
     return dataclasses.replace(serve, host="127.0.0.1", port=0)
+
+
+def _env_summaries(progress: Progress) -> dict[str, dict[str, Any]]:
+    return {
+        name: episode_summary(env.episodes)
+        | {"turns_trained": env.turns_trained, "turns_dropped": env.turns_dropped}
+        for name, env in progress.by_env.items()
+    }
 
 
 def _mean_gap(steps: list[Any]) -> float | None:
@@ -199,10 +255,17 @@ class _live_progress:  # noqa: N801 (used as a context manager)
         p = self.progress
         loss = f"{p.steps[-1].loss:+.4f}" if p.steps else "-"
         rate = p.turns_judged / max(time.monotonic() - self.started, 1e-6)
+        score = p.mean_recent_judge_score
         text = (
-            f"reward {p.mean_recent_reward:.3f} | loss {loss} | episodes {p.episodes} | "
-            f"judged {p.turns_judged} ({rate:.2f}/s) | trained {p.turns_trained}"
+            f"reward {p.mean_recent_reward:.3f} | judge {'-' if score is None else f'{score:+.2f}'}"
+            f" | loss {loss} | episodes {p.episodes} | judged {p.turns_judged} ({rate:.2f}/s)"
+            f" | trained {p.turns_trained}"
         )
+        if len(p.by_env) > 1:  # a mixture: each env's episodes and recent reward
+            text += " | " + " ".join(
+                f"{name} {len(env.episodes)}:{env.mean_recent_reward:.2f}"
+                for name, env in p.by_env.items()
+            )
         self.bar.update(self.task, completed=len(p.steps), description=text)
 
 
@@ -214,8 +277,27 @@ def _report(summary: RunSummary) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in asdict(summary).items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        if key == "held_out":
+            for name, scores in value.items():
+                before, after = scores["before"], scores["after"]
+                table.add_row(
+                    f"held-out {name}",
+                    f"pass@1 {before['pass_at_1']:.3f} -> {after['pass_at_1']:.3f} "
+                    f"(n={after['episodes']}), reward {before['reward']:.3f} -> "
+                    f"{after['reward']:.3f}",
+                )
+            continue
+        if key == "envs":
+            for name, figures in value.items():
+                shown = ", ".join(f"{k} {_shown(v)}" for k, v in figures.items() if v is not None)
+                table.add_row(f"env {name}", shown)
+            continue
+        table.add_row(key, _shown(value))
     Console().print(table)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 register_configs()

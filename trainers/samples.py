@@ -1,9 +1,11 @@
 """From judged turns to training samples, per method (REFERENCE.md's rules).
 
-A turn's reward mixes the judge's majority score and its episode's outcome reward
-(`advantages.mix_rewards`). With several rollouts of one task in a batch, the reward is
-centred over the turns of that group at the same step index (OpenClaw-RL's step-wise
-baseline); a live conversation, alone in its group, keeps its raw reward. Turns that carry
+A turn's reward mixes the judge's per-step score and its episode's outcome reward with its
+env's weights (`RewardWeights`, `advantages.mix_rewards`); in a mixture each session's env
+has its own. With several rollouts of one task in a batch, the reward is centred over the
+turns of that group at the same step index (OpenClaw-RL's step-wise baseline;
+`method.baseline=group` centres over all the group's turns); a live conversation, alone in
+its group, keeps its raw reward. Turns that carry
 no signal under the method, or that come from an adapter older than `max_staleness`
 versions, are dropped: consumed, never trained.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agents.config import EnvConfig
 from agents.trajectory import Session, Turn
 from trainers.advantages import (
     combine_advantages,
@@ -38,13 +41,33 @@ class Selection:
     """How many of the dropped were too old."""
 
 
-def turn_reward(
-    turn: Turn, session: Session, method: MethodConfig, outcome_is_reward: bool
-) -> float | None:
+@dataclass(frozen=True)
+class RewardWeights:
+    """How one env's turns turn the judge's score and the episode's outcome into a reward;
+    a weight of 0 leaves that part out."""
+
+    judge: float = 1.0
+    outcome: float = 0.0
+
+
+def reward_weights(env: EnvConfig | None, method: MethodConfig, judge_kind: str) -> RewardWeights:
+    """The weights of an env's turns (None: live conversations, which have no outcome).
+
+    A judge that is the outcome (`env`: its score is the outcome's sign) already counts
+    it: adding the outcome again would count it twice.
+    """
+    judge = (env.judge_weight if env else 1.0) if method.use_judge else 0.0
+    outcome = (env.outcome_weight if env else 0.0) if method.use_env_reward else 0.0
+    if judge_kind == "env" and judge:
+        outcome = 0.0
+    return RewardWeights(judge, outcome)
+
+
+def turn_reward(turn: Turn, session: Session, weights: RewardWeights) -> float | None:
     """The scalar reward of one turn, or None when it has no signal."""
-    judge_score = turn.judgement.score if (method.use_judge and turn.judgement) else None
-    outcome = session.outcome_reward if (method.use_env_reward and outcome_is_reward) else None
-    return mix_rewards(judge_score, outcome)
+    judge_score = turn.judgement.score if (weights.judge and turn.judgement) else None
+    outcome = session.outcome_reward if weights.outcome else None
+    return mix_rewards(judge_score, outcome, weights.judge, weights.outcome)
 
 
 def select(
@@ -52,19 +75,22 @@ def select(
     sessions: Mapping[str, Session],
     method: MethodConfig,
     *,
-    outcome_is_reward: bool,
+    weights: Mapping[str, RewardWeights],
     current_version: int,
     max_staleness: int,
 ) -> Selection:
-    """Training samples from judged turns, with the seqs of those dropped."""
+    """Training samples from judged turns, with the seqs of those dropped. `weights` are
+    looked up by each session's env id; a session of no listed env (a live one) takes
+    `RewardWeights()`."""
     fresh = [
         (s, t) for s, t in judged if not is_stale(t.policy_version, current_version, max_staleness)
     ]
     dropped = [s for s, t in judged if is_stale(t.policy_version, current_version, max_staleness)]
-    rewards = {
-        s: turn_reward(t, sessions[t.session_id], method, outcome_is_reward) for s, t in fresh
-    }
-    centred = _centred(fresh, rewards, sessions, method.scale_by_std)
+    rewards = {}
+    for seq, turn in fresh:
+        session = sessions[turn.session_id]
+        rewards[seq] = turn_reward(turn, session, weights.get(session.env_id, RewardWeights()))
+    centred = _centred(fresh, rewards, sessions, method)
     samples = []
     for seq, turn in fresh:
         advantages = _advantages(turn, rewards[seq], centred.get(seq), method)
@@ -84,24 +110,25 @@ def select(
     return Selection(tuple(samples), tuple(dropped), stale=len(judged) - len(fresh))
 
 
-def baseline_key(turn: Turn, session: Session) -> tuple[str, int]:
-    """The baseline group of a turn: the rollouts of its task at the same turn index."""
-    return (session.group_id or turn.session_id, turn.index)
+def baseline_key(turn: Turn, session: Session, baseline: str = "step") -> tuple[str, int]:
+    """The baseline group of a turn: the rollouts of its task at the same turn index
+    (`step`), or all their turns (`group`)."""
+    return (session.group_id or turn.session_id, turn.index if baseline == "step" else 0)
 
 
 def _centred(
     turns: Sequence[tuple[int, Turn]],
     rewards: Mapping[int, float | None],
     sessions: Mapping[str, Session],
-    scale_by_std: bool,
+    method: MethodConfig,
 ) -> dict[int, float]:
-    """Rewards minus their (group, step index) mean; turns without reward are left out."""
+    """Rewards minus their baseline group's mean; turns without reward are left out."""
     rated = [(s, t) for s, t in turns if rewards[s] is not None]
     if not rated:
         return {}
-    keys = [baseline_key(t, sessions[t.session_id]) for _, t in rated]
+    keys = [baseline_key(t, sessions[t.session_id], method.baseline) for _, t in rated]
     values = torch.tensor([float(rewards[s] or 0.0) for s, _ in rated])
-    centred = group_baseline(values, keys, scale_by_std)
+    centred = group_baseline(values, keys, method.scale_by_std)
     return {s: float(a) for (s, _), a in zip(rated, centred, strict=True)}
 
 

@@ -19,6 +19,13 @@ POLICY = "policy"
 """The adapter name the trainer publishes to and the proxy serves by default."""
 
 
+class ContextExceeded(ValueError):
+    """A prompt past the engine's context (no room left for one completion token): bad
+    input like any `ValueError`, and one a client can mend by shortening its history and
+    asking again (`agents.rollout` elides old tool outputs). The proxy answers it with
+    OpenAI's error code `context_length_exceeded`."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion."""

@@ -11,9 +11,9 @@ Log-probs are the model's raw ones (log-softmax of the logits at temperature 1, 
 temperature and top-p), as vLLM reports them by default, so that the learner's recomputed
 log-probs are comparable with the rollout's.
 
-A prompt longer than the context is refused before it is queued: by its tokens, or, before
-tokenizing it, by its characters where they cannot fit whatever the tokens
-(`agents.engines.char_bound`).
+A prompt longer than the context is refused (`ContextExceeded`) before it is queued: by its
+tokens, or, before tokenizing it, by its characters where they cannot fit whatever the
+tokens (`agents.engines.char_bound`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from agents.engines.base import (
     BASE,
     POLICY,
     Completion,
+    ContextExceeded,
     Message,
     SamplingParams,
     TokenChunk,
@@ -125,7 +126,7 @@ class EmbeddedEngine:
         prompt_ids = self.encode(messages, tools)
         room = self.context_length - len(prompt_ids)
         if room < 1:
-            raise ValueError(
+            raise ContextExceeded(
                 f"the prompt has {len(prompt_ids)} tokens; the model's context is "
                 f"{self.context_length}: shorten the conversation"
             )
@@ -160,7 +161,7 @@ class EmbeddedEngine:
             return
         text = self._template(messages, tools, tokenize=False)
         if (least := bound.least_tokens(text)) >= self.context_length:
-            raise ValueError(
+            raise ContextExceeded(
                 f"the prompt has {len(text)} characters, at least {least} tokens (a token is "
                 f"at most {bound.per_token} characters); the model's context is "
                 f"{self.context_length}: shorten the conversation"

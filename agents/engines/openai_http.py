@@ -22,7 +22,14 @@ from typing import Any
 
 import httpx
 
-from agents.engines.base import Completion, Message, SamplingParams, TokenChunk, ToolSchema
+from agents.engines.base import (
+    Completion,
+    ContextExceeded,
+    Message,
+    SamplingParams,
+    TokenChunk,
+    ToolSchema,
+)
 from agents.toolcalls import assistant_message
 
 logger = logging.getLogger(__name__)
@@ -40,6 +47,16 @@ class ServerError(RuntimeError):
 class BadRequestError(ServerError, ValueError):
     """The server refused the request itself (a 400-class answer: a prompt over the context,
     a bad tool schema, an unknown model): a `ValueError`, as engines raise for bad input."""
+
+
+class ContextError(BadRequestError, ContextExceeded):
+    """The server refused a prompt past its context."""
+
+
+CONTEXT_REFUSALS = ("context_length_exceeded", "context length", "maximum model length")
+"""How servers say a prompt is past the context: OpenAI's API and this repo's proxy by the
+error code `context_length_exceeded`, vLLM only in its message ("This model's maximum context
+length is 4096 tokens", "longer than the maximum model length of 4096")."""
 
 
 KEEPALIVE_S = 2.0
@@ -131,21 +148,30 @@ def _event_error(error: Any) -> ServerError:
         return ServerError(0, str(error))
     code = error.get("code")
     status = code if isinstance(code, int) else 0
-    kind = BadRequestError if status in (400, 404, 413, 422) else ServerError
-    return kind(status, str(error.get("message", error)))
+    return _refusal(status, str(error.get("message", error)), code)
 
 
 def _error_of(response: httpx.Response) -> ServerError:
     """The server's own error message: OpenAI's `{"error": {"message": ...}}` or the text."""
-    kind = BadRequestError if response.status_code in (400, 404, 413, 422) else ServerError
     try:
         body = response.json()
     except ValueError:
-        return kind(response.status_code, response.text.strip()[:2000])
+        return _refusal(response.status_code, response.text.strip()[:2000])
     error = body.get("error", body) if isinstance(body, dict) else body
+    code = error.get("code") if isinstance(error, dict) else None
     if isinstance(error, dict):
         error = error.get("message", error)
-    return kind(response.status_code, str(error)[:2000])
+    return _refusal(response.status_code, str(error)[:2000], code)
+
+
+def _refusal(status: int, message: str, code: Any = None) -> ServerError:
+    """The error of an answer: a `BadRequestError` for a 400-class one (a `ContextError`
+    where the server says the prompt is past its context), else a `ServerError`."""
+    if status not in (400, 404, 413, 422):
+        return ServerError(status, message)
+    said = f"{code} {message}".lower()
+    kind = ContextError if any(c in said for c in CONTEXT_REFUSALS) else BadRequestError
+    return kind(status, message)
 
 
 def chat_body(

@@ -24,9 +24,9 @@ import gymnasium as gym
 from agents.engines.base import SamplingParams
 from agents.rollout import DirectSeat, run_episode
 from agents.store import Store
-from benchmarks.leaderboard import stats
 from benchmarks.leaderboard.engines import EpisodeRecorder, EpisodeView, ScriptedEngine
 from benchmarks.leaderboard.suites import EpisodeTrace, TaskSet
+from trainers import stats
 
 logger = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ def measure(engine: str, args: argparse.Namespace, run_dir: Path) -> Measured:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the {engine} run failed:\n{done.stderr[-4000:]}")
-    rows = read_metrics(run_dir)
+    rows = [row for row in read_metrics(run_dir) if "env" not in row]
     summary = json.loads((run_dir / "summary.json").read_text())
     elapsed = [float(r["elapsed_s"]) for r in rows]
     publish = [float(r["publish_ms"]) for r in rows]

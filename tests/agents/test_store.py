@@ -57,6 +57,17 @@ def test_next_state_judgement_and_statuses_move_a_turn_along(store):
     assert (session.status, session.outcome_reward) == (SessionStatus.DONE, 0.5)
 
 
+def test_a_session_keeps_why_it_ended_beside_its_metadata(store):
+    store.add_session(Session("s", "e", metadata={"user": "u1"}))
+    store.finish_session("s", 0.0, SessionStatus.TRUNCATED, reason="context")
+    session = store.session("s")
+    assert session.status is SessionStatus.TRUNCATED
+    assert session.metadata == {"user": "u1", "end_reason": "context"}
+    store.add_session(Session("quiet", "e"))
+    store.finish_session("quiet")  # no reason: the metadata is left as it was
+    assert store.session("quiet").metadata == {}
+
+
 def test_missing_rows_and_duplicates_are_errors(store):
     with pytest.raises(KeyError):
         store.set_next_state("nope", 0, [])

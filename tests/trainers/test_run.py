@@ -10,24 +10,44 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agents.config import EnvConfig
+from agents.rollout import ELIDED
 from agents.store import Store
-from agents.trajectory import TurnStatus
+from agents.trajectory import TurnStatus, TurnType
 from trainers.config import RunConfig, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough for a 2-core CPU: one question per conversation, short replies, two turns a step.
 TINY = [
     "model=tiny",
-    "env.kwargs.questions_per_episode=1",
     "sampling.max_tokens=8",
     "judge.max_tokens=16",
     "trainer.batch_turns=2",
     "trainer.lora_rank=4",
 ]
+TINY_CHAT = "env.chat.kwargs.questions_per_episode=1"
+# Four families in one run, each with short episodes: two turns of two rollouts a task.
+MIXTURE = [
+    "env=[chat,arith,terminal,toolcall]",
+    TINY_CHAT,
+    "env.chat.weight=2",
+    "env.arith.group_size=2",
+    "env.arith.max_tokens=16",
+    "env.terminal.group_size=2",
+    "env.terminal.max_tokens=16",
+    "env.terminal.kwargs.max_turns=2",
+    "env.terminal.kwargs.sandbox=bwrap",
+    "env.toolcall.group_size=2",
+    "env.toolcall.max_tokens=16",
+    "env.toolcall.kwargs.max_turns=2",
+    "env.toolcall.kwargs.tasks=bfcl_single_turn",
+    "trainer.batch_turns=12",
+]
 
 
 def train(run_dir, *overrides, wait=True):
-    command = [sys.executable, "-m", "trainers.run", *TINY, f"run_dir={run_dir}", *overrides]
+    chat = [] if any(o.startswith("env=") for o in overrides) else [TINY_CHAT]
+    command = [sys.executable, "-m", "trainers.run", *TINY, *chat, f"run_dir={run_dir}", *overrides]
     if not wait:
         return subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -45,7 +65,10 @@ def test_each_method_trains_two_steps_on_chat_and_leaves_two_adapters(tmp_path, 
     assert (run_dir / "adapters" / "v1" / "adapter_model.safetensors").exists()
     assert (run_dir / "adapters" / "v2" / "adapter_model.safetensors").exists()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    env_rows = [r for r in rows if "env" in r]
+    rows = [r for r in rows if "env" not in r]
     assert [r["step"] for r in rows] == [1, 2] and all(r["turns"] >= 2 for r in rows)
+    assert [(r["step"], r["env"]) for r in env_rows] == [(1, "chat"), (2, "chat")]
     assert list((run_dir / "tensorboard").iterdir())
     assert "name: " + method in (run_dir / "config.yaml").read_text()
     with Store(run_dir / "store.sqlite") as store:
@@ -60,9 +83,12 @@ def test_each_method_trains_two_steps_on_chat_and_leaves_two_adapters(tmp_path, 
             )
 
 
-def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp_path):
-    run_dir = tmp_path / "run"
-    victim = train(run_dir, "method=binary", "trainer.max_steps=4", wait=False)
+def test_a_mixture_of_four_families_trains_each_and_resumes_after_sigkill(tmp_path):
+    """`env=[chat,arith,terminal,toolcall]`: one policy, judge and learner; every env's turns
+    are judged and trained, each env has its metrics rows, and a run killed mid-way resumes
+    with no turn trained twice or lost."""
+    run_dir = tmp_path / "mixture"
+    victim = train(run_dir, *MIXTURE, "method=binary", "trainer.max_steps=4", wait=False)
     deadline = time.monotonic() + 600
     while not (run_dir / "checkpoints" / "latest" / "state.json").exists():
         assert victim.poll() is None, victim.stderr.read()[-3000:]
@@ -73,23 +99,82 @@ def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp
     with Store(run_dir / "store.sqlite") as store:
         before = {seq for seq, _ in store.turns()}
 
-    summary = train(run_dir, "method=binary", "trainer.max_steps=4")
+    summary = train(run_dir, *MIXTURE, "method=binary", "trainer.max_steps=4")
     state = json.loads((run_dir / "checkpoints" / "latest" / "state.json").read_text())
     ledger = [seq for step in state["ledger"] for seq in step]
     assert state["step"] == summary["adapter_version"] == 4 and len(state["ledger"]) == 4
     assert len(ledger) == len(set(ledger)), "a turn was trained twice"
+    envs = {"chat", "arith", "terminal", "toolcall"}
     with Store(run_dir / "store.sqlite") as store:
         statuses = {seq: turn.status for seq, turn in store.turns()}
+        env_of = {s.session_id: s.env_id for s in store.sessions()}
+        judged, trained = set(), set()
+        for _, turn in store.turns(turn_type=TurnType.MAIN):
+            if turn.judgement is not None:
+                judged.add(env_of[turn.session_id])
+            if turn.status == TurnStatus.TRAINED:
+                trained.add(env_of[turn.session_id])
     assert before <= set(statuses), "a turn stored before the kill is gone"
     assert {s for s, status in statuses.items() if status == TurnStatus.TRAINED} == set(ledger)
+    assert judged == trained == envs, (judged, trained)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # the resumed run's steps (3 and 4) have a row for the run and one for each env
+    for step in (3, 4):
+        assert {r.get("env") for r in rows if r["step"] == step} == envs | {None}
+    assert set(summary["envs"]) <= envs and summary["envs"]
+
+
+FAULTY = "tests.trainers.faulty_envs:clawgym-test/Faulty-v0"
+
+
+def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_path):
+    """An episode whose history outgrows the context is elided, then truncated; one whose
+    sandbox dies mid-episode fails; each with its reason in the store, and the run still
+    reaches max_steps."""
+    from trainers.run import train as train_in_process
+
+    config = RunConfig(
+        env={
+            "dies": EnvConfig(id=FAULTY, kwargs={"fault": "die", "max_turns": 3}, group_size=2),
+            "floods": EnvConfig(id=FAULTY, kwargs={"fault": "flood", "max_turns": 6}, group_size=2),
+        }
+    )
+    config.model.name = "tiny"
+    # tiny: ~540 tokens of prompt and tools, then 2 tokens a flooding word (100, 200, 300...):
+    # turn 3 fits once turn 1's output is elided; turn 4 cannot fit at all
+    config.engine.context_length = 1100
+    config.sampling.max_tokens = 8
+    config.judge.max_tokens = 16
+    config.method.name = "binary"
+    config.trainer.batch_turns = 4
+    config.trainer.max_steps = 2
+    config.trainer.lora_rank = 4
+    summary = train_in_process(config, tmp_path)
+    assert summary.steps == 2
+    with Store(tmp_path / "store.sqlite") as store:
+        sessions = store.sessions()
+        ends = {(s.env_id, str(s.status), s.metadata.get("end_reason")) for s in sessions}
+        flooded = [
+            t for s in sessions if s.env_id == "floods" for t in store.session(s.session_id).turns
+        ]
+    assert ("dies", "failed") in {(e, s) for e, s, _ in ends}
+    died = [r for e, s, r in ends if e == "dies" and s == "failed"]
+    assert all("sandbox" in (r or "") for r in died), died
+    assert ("floods", "truncated", "context") in ends, ends
+    assert any(ELIDED in str(t.prompt_messages) for t in flooded), "no history was elided"
+    assert summary.envs["dies"]["failed"] >= 1 and summary.envs["floods"]["truncated"] >= 1
 
 
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        (lambda c: setattr(c.env, "group_size", 0), "env.group_size"),
+        (lambda c: setattr(c.env["chat"], "group_size", 0), "env.chat.group_size"),
+        (lambda c: c.env.clear(), "no environment"),
+        (lambda c: setattr(c.env["chat"], "weight", 0.0), "env.chat.weight"),
+        (lambda c: setattr(c.rollout, "groups_in_flight", 0), "groups_in_flight"),
+        (lambda c: setattr(c.method, "baseline", "task"), "method.baseline"),
         (lambda c: setattr(c.engine, "backend", "tgi"), "engine=embedded"),
-        (lambda c: setattr(c.env, "id", "CartPole-v1"), "clawgym/"),
+        (lambda c: setattr(c.env["chat"], "id", "CartPole-v1"), "clawgym/"),
         (lambda c: setattr(c.method, "name", "ppo"), "method=binary"),
         (lambda c: setattr(c.judge, "kind", "remote"), "judge.base_url"),
         (
@@ -98,7 +183,7 @@ def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp
         ),
         (lambda c: setattr(c.trainer, "clip_low", 1.5), "clip_low"),
         (lambda c: setattr(c.trainer, "max_backlog", 4), "max_backlog"),
-        (lambda c: setattr(c.env, "users", "robots"), "env.users"),
+        (lambda c: setattr(c.env["chat"], "users", "robots"), "env.chat.users"),
         (lambda c: setattr(c.serve, "host", "0.0.0.0"), "serve.api_key"),
         (lambda c: setattr(c.engine, "backend", "remote"), "engine.base_url"),
         (
@@ -117,7 +202,8 @@ def test_sigkill_mid_run_resumes_without_training_a_turn_twice_or_losing_one(tmp
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):
-    config = RunConfig()
+    config = RunConfig(env={"chat": EnvConfig(id="clawgym/Chat-v0")})
+    validate(config)  # valid before the change
     change(config)
     with pytest.raises(ValueError, match=fragment):
         validate(config)
@@ -137,7 +223,7 @@ def test_live_users_train_the_policy_they_talk_to(tmp_path):
     run_dir, port = tmp_path / "live", _free_port()
     trainer = train(
         run_dir,
-        "env.users=live",
+        "env.chat.users=live",
         "judge=feedback",
         "method=binary",
         "trainer.max_steps=2",

@@ -1,10 +1,11 @@
 import pytest
 
+from agents.config import EnvConfig
 from agents.trajectory import Judgement, Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
 from trainers.config import MethodConfig
 from trainers.learner import TrainSample
-from trainers.samples import first_batch, select, turn_reward
+from trainers.samples import RewardWeights, first_batch, reward_weights, select, turn_reward
 
 ROLLOUT = (-1.0, -2.0)
 
@@ -29,12 +30,13 @@ def sessions(*specs):
     }
 
 
-def run(judged, found, method="binary", outcome_is_reward=True, **changes):
+def run(judged, found, method="binary", weights=None, **changes):
+    config = MethodConfig(name=method, **changes)
     return select(
         judged,
         found,
-        MethodConfig(name=method, **changes),
-        outcome_is_reward=outcome_is_reward,
+        config,
+        weights=weights or {"e": reward_weights(EnvConfig(), config, "self")},
         current_version=3,
         max_staleness=1,
     )
@@ -80,19 +82,58 @@ def test_binary_live_turns_keep_the_judge_score_and_ties_are_masked():
     assert result.dropped == (2,)
 
 
-def test_outcome_is_ignored_where_the_env_says_it_is_no_reward():
+def test_outcome_is_ignored_where_the_env_weighs_it_zero():
     found = sessions(("x", None, 0.0))
-    assert (
-        turn_reward(turn("x", score=1.0), found["x"], MethodConfig(), outcome_is_reward=False)
-        == 1.0
-    )
-    assert (
-        turn_reward(turn("x", score=1.0), found["x"], MethodConfig(), outcome_is_reward=True) == 1.0
-    )
-    assert (
-        turn_reward(turn("x", score=0.0), found["x"], MethodConfig(), outcome_is_reward=False)
-        is None
-    )
+    no_outcome = RewardWeights(judge=1.0, outcome=0.0)
+    assert turn_reward(turn("x", score=1.0), found["x"], no_outcome) == 1.0
+    assert turn_reward(turn("x", score=1.0), found["x"], RewardWeights(1.0, 1.0)) == 1.0
+    assert turn_reward(turn("x", score=0.0), found["x"], no_outcome) is None
+
+
+def test_step_score_and_outcome_mix_with_the_env_weights():
+    found = sessions(("x", None, 1.0))
+    # 0.5 * judge (-1) + 2.0 * outcome (1) = 1.5
+    assert turn_reward(turn("x", score=-1.0), found["x"], RewardWeights(0.5, 2.0)) == 1.5
+    # a judge of 0 (a tie) is no signal; the outcome alone remains
+    assert turn_reward(turn("x", score=0.0), found["x"], RewardWeights(0.5, 2.0)) == 2.0
+
+
+def test_a_judge_that_is_the_outcome_counts_it_once():
+    method = MethodConfig(use_judge=True, use_env_reward=True)
+    assert reward_weights(EnvConfig(), method, "env") == RewardWeights(1.0, 0.0)
+    assert reward_weights(EnvConfig(), method, "self") == RewardWeights(1.0, 1.0)
+    judge_off = MethodConfig(use_judge=False)
+    assert reward_weights(EnvConfig(), judge_off, "env") == RewardWeights(0.0, 1.0)
+    chat = EnvConfig(outcome_weight=0.0, judge_weight=2.0)
+    assert reward_weights(chat, method, "self") == RewardWeights(2.0, 0.0)
+    assert reward_weights(None, method, "self") == RewardWeights(1.0, 0.0)  # live
+
+
+def test_each_session_takes_its_own_envs_weights_in_a_mixture():
+    found = {
+        "a": Session("a", "terminal", group_id="g", outcome_reward=1.0),
+        "b": Session("b", "terminal", group_id="g", outcome_reward=0.0),
+        "c": Session("c", "chat", group_id=None, outcome_reward=1.0),
+    }
+    weights = {"terminal": RewardWeights(0.0, 1.0), "chat": RewardWeights(1.0, 0.0)}
+    judged = [(1, turn("a", score=1.0)), (2, turn("b", score=1.0)), (3, turn("c", score=-1.0))]
+    result = run(judged, found, weights=weights)
+    # terminal: outcomes 1 and 0 centred (judge weighed 0); chat: the judge's -1 alone
+    assert {s.seq: s.advantages[0] for s in result.samples} == {1: 0.5, 2: -0.5, 3: -1.0}
+
+
+def test_group_baseline_centres_over_all_the_groups_turns():
+    found = sessions(("a", "g", 1.0), ("b", "g", 0.0))
+    judged = [(1, turn("a")), (2, turn("a", index=1)), (3, turn("b"))]
+    step = run(judged, found, use_judge=False)
+    group = run(judged, found, use_judge=False, baseline="group")
+    assert {s.seq: s.advantages[0] for s in step.samples} == {1: 0.5, 2: 1.0, 3: -0.5}
+    # all three turns: mean 2/3
+    assert {s.seq: round(s.advantages[0], 4) for s in group.samples} == {
+        1: 0.3333,
+        2: 0.3333,
+        3: -0.6667,
+    }
 
 
 def test_opd_trains_only_hinted_turns_on_teacher_minus_rollout():

@@ -1,10 +1,13 @@
 """Response parsing shared by the vLLM and remote engines, on response bodies in the shapes
 vLLM 0.32 returns (recorded from the real server; no server is needed for these)."""
 
+import httpx
 import pytest
 
-from agents.engines.base import Completion, SamplingParams, TokenChunk
+from agents.engines.base import Completion, ContextExceeded, SamplingParams, TokenChunk
 from agents.engines.openai_http import (
+    BadRequestError,
+    _error_of,
     chat_body,
     completion_from_chat,
     stream_completion,
@@ -134,3 +137,34 @@ def test_without_tools_call_markup_is_plain_content():
     completion = completion_from_chat(response, policy_version=0, tools=None)
     assert completion.message == {"role": "assistant", "content": CALL_TEXT.strip()}
     assert completion.finish_reason == "stop"
+
+
+VLLM_CONTEXT = (
+    "This model's maximum context length is 4096 tokens. However, your request has 9010 "
+    "input tokens. Please reduce the length of the input messages."
+)
+
+
+@pytest.mark.parametrize(
+    "status, body, context",
+    [
+        (400, {"object": "error", "message": VLLM_CONTEXT, "type": "BadRequestError"}, True),
+        (
+            400,
+            {"error": {"message": "the prompt has 9000 tokens", "code": "context_length_exceeded"}},
+            True,
+        ),
+        (400, {"error": {"message": "temperature must be in [0, 2]", "code": None}}, False),
+        (404, {"error": {"message": "The model `x` does not exist.", "code": 404}}, False),
+    ],
+)
+def test_a_prompt_past_the_context_is_told_apart_from_other_bad_requests(status, body, context):
+    """What an episode acts on (it elides old outputs for one, and fails on the others)."""
+    error = _error_of(httpx.Response(status, json=body))
+    assert isinstance(error, BadRequestError)
+    assert isinstance(error, ContextExceeded) is context
+
+
+def test_a_server_error_is_never_a_context_refusal():
+    error = _error_of(httpx.Response(500, json={"error": {"message": VLLM_CONTEXT}}))
+    assert not isinstance(error, BadRequestError | ContextExceeded)

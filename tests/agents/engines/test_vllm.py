@@ -17,7 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agents import models
-from agents.engines.base import BASE, POLICY, Completion, SamplingParams
+from agents.engines.base import BASE, POLICY, Completion, ContextExceeded, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
 from agents.engines.vllm import AdapterLoadError, EngineDied, ServerStartError, VLLMEngine
 from agents.engines.vllm_server import group_members
@@ -141,11 +141,12 @@ def test_stop_string_ends_the_completion_and_is_not_returned(vllm_engine, tokeni
 
 
 def test_a_prompt_over_the_context_is_a_value_error(vllm_engine):
-    """ValueError is how every engine refuses bad input (the proxy answers it with a 400)."""
+    """ValueError is how every engine refuses bad input (the proxy answers it with a 400);
+    `ContextExceeded` says it is the context (an episode elides old outputs for it)."""
     too_long = [{"role": "user", "content": "the " * 9000}]  # max_model_len is 4096
-    with pytest.raises(ValueError, match="context length"):
+    with pytest.raises(ContextExceeded, match="context length"):
         vllm_engine.generate(too_long, sampling=GREEDY)
-    with pytest.raises(ValueError, match="context length"):
+    with pytest.raises(ContextExceeded, match="context length"):
         next(vllm_engine.stream(too_long, sampling=GREEDY))
 
 

@@ -32,8 +32,8 @@ def test_binary_training_on_swe_finishes_its_steps(tmp_path, engine, steps):
         "engine.max_lora_rank=8",
         f"trainer.max_steps={steps}",
         # small enough for a 2-core CPU: two-turn episodes in bwrap, short replies
-        "env.kwargs.max_turns=2",
-        "env.kwargs.sandbox=bwrap",
+        "env.swe.kwargs.max_turns=2",
+        "env.swe.kwargs.sandbox=bwrap",
         "sampling.max_tokens=8",
         "judge.max_tokens=16",
         "trainer.batch_turns=2",

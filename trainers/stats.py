@@ -1,5 +1,6 @@
-"""The leaderboard's statistics, as small pure functions: pass@k, Wilson intervals for
-rates and percentile-bootstrap intervals for means.
+"""Statistics of evaluations (the leaderboard's and held-out evaluation during training), as
+small pure functions: pass@k, Wilson intervals for rates and percentile-bootstrap intervals
+for means.
 
 Wilson rather than the normal ("Wald") interval because suites are small and rates are
 often 0 or 1, where Wald collapses to a zero-width interval; the bootstrap for means

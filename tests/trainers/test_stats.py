@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from benchmarks.leaderboard.stats import bootstrap_interval, mean, pass_at_k, wilson_interval
+from trainers.stats import bootstrap_interval, mean, pass_at_k, wilson_interval
 
 
 def test_wilson_interval_of_8_in_10_matches_the_hand_computed_bounds():

@@ -1,0 +1,193 @@
+"""Held-out evaluation during training: before the first step, every `eval.every` steps and
+after the last, each env of the run plays `eval.episodes` held-out tasks (its kwargs with
+`eval_kwargs`, the test split by default) greedily, and each env's pass@1 (with its Wilson
+interval) and mean reward are logged per env and plotted (`eval.png`).
+
+Evaluation episodes reach the policy through the proxy like every rollout, as side turns
+(`X-Turn-Type: side`) of sessions labelled `eval/<env>`: they are stored, so what was
+evaluated can be read back, but never judged or trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from agents.compose import sampling_params
+from agents.config import EnvConfig, SamplingConfig
+from agents.rollout import EpisodeSummary, Seat, run_episode
+from agents.trajectory import SessionStatus
+from trainers.config import EvalConfig
+from trainers.metrics import MetricsWriter
+from trainers.stats import wilson_interval
+
+logger = logging.getLogger(__name__)
+
+EVAL_SEED = 1_000_003
+"""Seed of every evaluation episode: the same tasks played the same way at every step."""
+
+_MAX_PARALLEL = 8
+
+
+@dataclass(frozen=True)
+class EvalScore:
+    """One env's held-out score at one step."""
+
+    step: int
+    episodes: int
+    successes: int
+    pass_at_1: float
+    low: float
+    high: float
+    """The 95% Wilson interval of pass@1."""
+    reward: float
+    """Mean total reward (the env's own score where it is not pass / fail)."""
+    failed: int
+    """Episodes that broke off (a refused request, an env that failed)."""
+
+
+def score(step: int, summaries: list[EpisodeSummary]) -> EvalScore:
+    """The held-out score of one env's evaluation episodes (a success: reward > 0)."""
+    successes = sum(s.total_reward > 0 for s in summaries)
+    n = len(summaries)
+    low, high = wilson_interval(successes, n)
+    return EvalScore(
+        step=step,
+        episodes=n,
+        successes=successes,
+        pass_at_1=round(successes / n, 6) if n else 0.0,
+        low=round(low, 6),
+        high=round(high, 6),
+        reward=round(sum(s.total_reward for s in summaries) / n, 6) if n else 0.0,
+        failed=sum(s.status == SessionStatus.FAILED for s in summaries),
+    )
+
+
+class Evaluator:
+    """Plays each env's held-out tasks greedily and records their scores.
+
+    Args:
+        config: the evaluation's config.
+        envs: the run's simulated envs, by name.
+        make_env: makes one instance of an env config (`agents.compose.env_factory`).
+        seat: where the episodes reach the policy; its turns must be side turns.
+        sampling: the run's sampling (temperature is set to 0 here).
+        metrics: where each evaluation's rows go.
+        run_dir: where `eval.png` is drawn.
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        envs: Mapping[str, EnvConfig],
+        make_env: Callable[[EnvConfig], Callable[[], gym.Env[Any, Any]]],
+        seat: Seat,
+        sampling: SamplingConfig,
+        metrics: MetricsWriter | None,
+        run_dir: Path,
+    ):
+        self.config, self.seat, self.metrics, self.run_dir = config, seat, metrics, Path(run_dir)
+        self.sampling = dataclasses.replace(sampling, temperature=0.0)
+        self.makers = {
+            name: make_env(dataclasses.replace(env, kwargs={**env.kwargs, **env.eval_kwargs}))
+            for name, env in envs.items()
+        }
+        self.max_tokens = {name: env.max_tokens for name, env in envs.items()}
+        self.history: dict[str, list[EvalScore]] = {name: [] for name in envs}
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.episodes > 0 and bool(self.makers)
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` (just finished) is an evaluation step besides the last."""
+        return self.enabled and self.config.every > 0 and step % self.config.every == 0
+
+    def evaluate(self, step: int) -> dict[str, EvalScore]:
+        """Plays every env's held-out tasks with the policy as it is after `step` steps."""
+        scores = {name: self._evaluate_env(name, step) for name in self.makers}
+        for name, result in scores.items():
+            self.history[name].append(result)
+            logger.info(
+                "eval at step %d, %s: pass@1 %.3f [%.3f, %.3f] over %d, reward %.3f",
+                step,
+                name,
+                result.pass_at_1,
+                result.low,
+                result.high,
+                result.episodes,
+                result.reward,
+            )
+            if self.metrics is not None:
+                row = {f"eval_{k}": v for k, v in dataclasses.asdict(result).items() if k != "step"}
+                self.metrics.write(step, row, env=name)
+        self._plot()
+        return scores
+
+    def before_after(self) -> dict[str, dict[str, Any]]:
+        """Each env's first and last evaluation (the summary's before and after)."""
+        return {
+            name: {
+                "before": dataclasses.asdict(runs[0]),
+                "after": dataclasses.asdict(runs[-1]),
+            }
+            for name, runs in self.history.items()
+            if runs
+        }
+
+    def _evaluate_env(self, name: str, step: int) -> EvalScore:
+        make = self.makers[name]
+        probe = make()
+        try:
+            task_ids = sorted(probe.unwrapped.task_ids())[: self.config.episodes]  # type: ignore[attr-defined]
+        finally:
+            probe.close()
+        sampling = sampling_params(self.sampling, EVAL_SEED)
+        max_tokens = self.config.max_tokens or self.max_tokens[name]
+        if max_tokens is not None:
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
+
+        def play(task_id: str) -> EpisodeSummary:
+            env = make()
+            try:
+                return run_episode(
+                    env,
+                    self.seat,
+                    env_id=f"eval/{name}",
+                    task_id=task_id,
+                    seed=EVAL_SEED,
+                    sampling=sampling,
+                )
+            finally:
+                env.close()
+
+        with ThreadPoolExecutor(min(_MAX_PARALLEL, len(task_ids)) or 1, f"eval-{name}") as pool:
+            summaries = list(pool.map(play, task_ids))
+        return score(step, summaries)
+
+    def _plot(self) -> None:
+        """Draws every env's pass@1 (with its interval) against the step, to eval.png."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for name, runs in self.history.items():
+            steps = [r.step for r in runs]
+            axes.plot(steps, [r.pass_at_1 for r in runs], marker="o", label=name)
+            axes.fill_between(steps, [r.low for r in runs], [r.high for r in runs], alpha=0.2)
+        axes.set_xlabel("step")
+        axes.set_ylabel("held-out pass@1 (95% Wilson interval)")
+        axes.set_ylim(0, 1)
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(self.run_dir / "eval.png")
+        plt.close(figure)

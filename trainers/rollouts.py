@@ -1,0 +1,232 @@
+"""The rollout side of a run: which of a mixture's envs plays next, pooled env instances,
+and the loop that keeps `rollout.groups_in_flight` task groups in flight.
+
+A group is `group_size` episodes of one task of one env, played concurrently; several
+groups in flight (from any of the envs) let a batching engine decode all their turns
+together. Every episode reaches the policy through the run's `Seat` (the proxy) and is
+recorded there under its env's name, so the judge, the reward weights and the metrics can
+look up each session's env.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import gymnasium as gym
+
+from agents.compose import sampling_params
+from agents.config import EnvConfig, SamplingConfig
+from agents.rollout import EpisodeSummary, Seat, run_episode
+from agents.store import Store
+from agents.trajectory import SessionStatus
+from trainers.config import RolloutConfig
+from trainers.progress import EpisodeRecord, Progress
+
+logger = logging.getLogger(__name__)
+
+MakeEnv = Callable[[], gym.Env[Any, Any]]
+
+_IDLE_POLL_S = 0.25
+
+
+def next_env(played: Mapping[str, int], weights: Mapping[str, float]) -> str:
+    """The env whose share of the groups played so far lags its weight the most, so that
+    over any stretch of the run each env plays about its weight's share. Deterministic (a
+    resumed run goes on with the same schedule); ties go to the env listed first."""
+    return min(weights, key=lambda name: (played.get(name, 0) + 1) / weights[name])
+
+
+class EnvPool:
+    """Instances of one env, reused across episodes: a sandbox or a browser context is not
+    rebuilt for every episode when the env can reset. An instance an episode broke off in
+    is closed, not reused (it may be broken itself).
+
+    Args:
+        make: makes one instance.
+    """
+
+    def __init__(self, make: MakeEnv):
+        self.make = make
+        self._idle: list[gym.Env[Any, Any]] = []
+        self._lock = threading.Lock()
+        self.made = 0
+        """Instances made so far (pooling keeps it at the most episodes ever in flight)."""
+
+    def borrow(self) -> gym.Env[Any, Any]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.made += 1
+        return self.make()
+
+    def give_back(self, env: gym.Env[Any, Any], healthy: bool = True) -> None:
+        if not healthy:
+            env.close()
+            return
+        with self._lock:
+            self._idle.append(env)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for env in idle:
+            env.close()
+
+
+class EnvSlot:
+    """One env of the run: its config, its pool and its shuffled tasks.
+
+    Args:
+        name: the env's name in the run (`env.<name>`); its sessions' env id.
+        config: the env's config.
+        make: makes one instance.
+    """
+
+    def __init__(self, name: str, config: EnvConfig, make: MakeEnv):
+        self.name, self.config, self.pool = name, config, EnvPool(make)
+        self.task_ids: list[str] = []
+        self.groups = 0
+        """Groups started so far (and the index of the next one's task)."""
+
+    def load_tasks(self, seed: int) -> None:
+        """Reads the env's task ids (shuffled by the run's seed)."""
+        probe = self.pool.borrow()
+        try:
+            self.task_ids = list(probe.unwrapped.task_ids())  # type: ignore[attr-defined]
+        finally:
+            self.pool.give_back(probe)
+        if not self.task_ids:
+            raise ValueError(f"env.{self.name} ({self.config.id}) has no tasks to play")
+        random.Random(f"{seed}:{self.name}").shuffle(self.task_ids)
+
+
+class RolloutLoop:
+    """Plays task groups of a mixture's envs, `groups_in_flight` at a time.
+
+    Args:
+        config: the rollout's config.
+        slots: the envs that roll out, by name.
+        seat: where the episodes reach the policy.
+        sampling: the run's sampling (each env may set its own `max_tokens`).
+        seed: the run's seed (tasks' order, episodes' seeds).
+        progress: where finished episodes are counted.
+        has_room: whether the backlog has room for more turns (else the loop waits).
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        slots: Mapping[str, EnvSlot],
+        seat: Seat,
+        sampling: SamplingConfig,
+        seed: int,
+        progress: Progress,
+        has_room: Callable[[], bool],
+    ):
+        self.config, self.slots, self.seat = config, dict(slots), seat
+        self.sampling, self.seed, self.progress, self.has_room = sampling, seed, progress, has_room
+        self._lock = threading.Lock()
+        self._empty_in_a_row = 0
+
+    def start(self, store: Store) -> None:
+        """Loads each env's tasks and, on a resumed run, skips the groups it played, so
+        that the run goes on with new tasks and seeds."""
+        played: dict[str, int] = {}
+        for session in store.sessions():
+            played[session.env_id] = played.get(session.env_id, 0) + 1
+        for slot in self.slots.values():
+            slot.load_tasks(self.seed)
+            slot.groups = played.get(slot.name, 0) // slot.config.group_size
+
+    def run(self, stop: threading.Event) -> None:
+        """Plays groups until `stop` is set; the first error of any worker stops the
+        others and is raised."""
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                while not stop.is_set():
+                    if not self.has_room():
+                        time.sleep(_IDLE_POLL_S)
+                        continue
+                    self.play_group()
+            except BaseException as error:
+                errors.append(error)
+                stop.set()
+
+        with ThreadPoolExecutor(self.config.groups_in_flight, "rollout") as pool:
+            for _ in range(self.config.groups_in_flight):
+                pool.submit(worker)
+        if errors:
+            raise errors[0]
+
+    def play_group(self) -> list[EpisodeSummary]:
+        """The next group (of the env the schedule picks), its episodes played concurrently."""
+        with self._lock:
+            weights = {name: slot.config.weight for name, slot in self.slots.items()}
+            slot = self.slots[next_env({n: s.groups for n, s in self.slots.items()}, weights)]
+            number = slot.groups
+            slot.groups += 1
+        size = slot.config.group_size
+        task_id = slot.task_ids[number % len(slot.task_ids)]
+        group_id = f"{slot.name}:{task_id}#{uuid.uuid4().hex[:8]}"
+        seeds = [self.seed * 100_003 + number * size + i for i in range(size)]
+        with ThreadPoolExecutor(size, f"group-{slot.name}") as pool:
+            played = list(pool.map(lambda s: self._episode(slot, task_id, group_id, s), seeds))
+        for result, wall_s in played:
+            self._count(slot.name, result, wall_s)
+        return [result for result, _ in played]
+
+    def _episode(
+        self, slot: EnvSlot, task_id: str, group_id: str, seed: int
+    ) -> tuple[EpisodeSummary, float]:
+        """One episode and its wall time."""
+        env = slot.pool.borrow()
+        summary = None
+        sampling = sampling_params(self.sampling, seed)
+        if slot.config.max_tokens is not None:
+            sampling = dataclasses.replace(sampling, max_tokens=slot.config.max_tokens)
+        started = time.monotonic()
+        try:
+            summary = run_episode(
+                env,
+                self.seat,
+                env_id=slot.name,
+                task_id=task_id,
+                seed=seed,
+                group_id=group_id,
+                sampling=sampling,
+            )
+            return summary, time.monotonic() - started
+        finally:
+            # an env an episode failed in may be broken itself: a fresh one next time
+            healthy = summary is not None and summary.status != SessionStatus.FAILED
+            slot.pool.give_back(env, healthy=healthy)
+
+    def _count(self, env: str, result: EpisodeSummary, wall_s: float) -> None:
+        with self._lock:
+            self._empty_in_a_row = self._empty_in_a_row + 1 if result.turns == 0 else 0
+            if self._empty_in_a_row >= self.config.max_empty_episodes:
+                raise RuntimeError(
+                    f"{self._empty_in_a_row} episodes in a row ended before their first "
+                    f"turn; the last ({env}): {result.error}"
+                )
+        self.progress.record(
+            env,
+            EpisodeRecord(
+                reward=result.total_reward,
+                turns=result.turns,
+                completion_tokens=result.completion_tokens,
+                wall_s=round(wall_s, 3),
+                status=str(result.status),
+                reason=result.error,
+            ),
+        )

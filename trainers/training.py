@@ -1,0 +1,223 @@
+"""The training loop's step: once enough judged turns of complete groups are in the store,
+select samples by the method (each session's env with its own reward weights), take one
+optimiser step, checkpoint, mark the turns, publish the adapter, and write the run's and
+each env's metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+from agents.config import EnvConfig
+from agents.store import Store
+from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
+from trainers.config import MethodConfig, TrainerConfig
+from trainers.learner import Learner, StepMetrics
+from trainers.metrics import MetricsWriter
+from trainers.progress import Progress, episode_summary
+from trainers.samples import RewardWeights, Selection, baseline_key, first_batch, select
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[str, int], None]
+
+
+class TrainLoop:
+    """Takes optimiser steps from the store's judged turns.
+
+    Args:
+        trainer: the learner's and loop's config (batch size, staleness).
+        method: how judged turns become advantages.
+        envs: the run's envs by name (their group sizes); sessions of any other env (live
+            conversations) are groups of one.
+        weights: each env's reward weights, by name.
+        learner: the LoRA learner.
+        store: the run's store.
+        publish: hands a new adapter version to the server.
+        progress: the run's counters.
+        metrics: where each step's rows go.
+        run_dir: the run directory (adapters live under it).
+    """
+
+    def __init__(
+        self,
+        trainer: TrainerConfig,
+        method: MethodConfig,
+        envs: Mapping[str, EnvConfig],
+        weights: Mapping[str, RewardWeights],
+        learner: Learner,
+        store: Store,
+        publish: Publish,
+        progress: Progress,
+        metrics: MetricsWriter | None,
+        run_dir: Path,
+    ):
+        self.trainer, self.method, self.envs, self.weights = trainer, method, envs, weights
+        self.learner, self.store, self.publish = learner, store, publish
+        self.progress, self.metrics, self.run_dir = progress, metrics, Path(run_dir)
+        self.in_training = 0
+        """Turns of the batch the learner is on (still judged in the store until done)."""
+        self._started = time.monotonic()
+
+    def waiting(self) -> int:
+        """Turns waiting to be trained, less the batch being trained (the rollout plays
+        the next batch meanwhile)."""
+        # main turns only: side turns (held-out evaluation, a client's side requests) are
+        # never judged and would fill the backlog for good
+        return (
+            self.store.count_turns(TurnStatus.COLLECTED, TurnType.MAIN)
+            + self.store.count_turns(TurnStatus.JUDGED, TurnType.MAIN)
+            - self.in_training
+        )
+
+    def step(self) -> StepMetrics | None:
+        """One optimiser step if enough judged turns are ready; None otherwise."""
+        # a COUNT first: loading and decoding the judged turns on every poll took a third
+        # of a core and the GIL from the engine thread while a batch filled up
+        if self.store.count_turns(TurnStatus.JUDGED) < self.trainer.batch_turns:
+            return None
+        ready, sessions = self._ready_turns()
+        if len(ready) < self.trainer.batch_turns:
+            return None
+        selection = select(
+            ready,
+            sessions,
+            self.method,
+            weights=self.weights,
+            current_version=self.learner.version,
+            max_staleness=self.trainer.max_staleness,
+        )
+        # Dropped at once: their groups are complete, so no later turn gives them a signal
+        # (and staleness only grows). Left judged, they filled the backlog and paused the
+        # rollout while the learner waited for turns it could train.
+        self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
+        self.progress.turns_dropped += len(selection.dropped)
+        env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
+        for seq in selection.dropped:
+            self.progress.env(env_of[seq]).turns_dropped += 1
+        if len(selection.samples) < self.trainer.batch_turns:
+            return None
+        # `batch_turns` a step; the rest stay judged for the next one
+        keys = {
+            seq: baseline_key(turn, sessions[turn.session_id], self.method.baseline)
+            for seq, turn in ready
+        }
+        batch = first_batch(selection.samples, keys, self.trainer.batch_turns)
+        version = self.learner.version
+        self.in_training = len(batch)
+        try:
+            metrics = self.learner.step(list(batch))
+            adapter = self.learner.save_adapter()
+            self.learner.save_checkpoint(
+                {"trained_turns": self.progress.turns_trained + len(batch)}
+            )
+            self.store.mark_trained([s.seq for s in batch])
+        finally:
+            self.in_training = 0
+        published = time.perf_counter()
+        self.publish(str(adapter), self.learner.version)
+        publish_ms = (time.perf_counter() - published) * 1e3
+        self.progress.turns_trained += len(batch)
+        self.progress.steps.append(metrics)
+        trained_by_env: dict[str, list[int]] = {}
+        for sample in batch:
+            trained_by_env.setdefault(env_of[sample.seq], []).append(
+                version - sample.policy_version
+            )
+            self.progress.env(env_of[sample.seq]).turns_trained += 1
+        self._write_rows(metrics, selection, ready, sessions, trained_by_env, publish_ms)
+        return metrics
+
+    def _ready_turns(self) -> tuple[list[tuple[int, Turn]], dict[str, Session]]:
+        """Judged main turns whose whole group is finished and judged (for the baseline)."""
+        judged = self.store.turns(status=TurnStatus.JUDGED, turn_type=TurnType.MAIN)
+        sessions = {
+            s.session_id: s
+            for s in self.store.sessions(session_ids={t.session_id for _, t in judged})
+        }
+        groups = {s.group_id for s in sessions.values() if s.group_id}
+        members = self.store.group_sessions(groups)
+        sessions |= {s.session_id: s for s in members}
+        unjudged = {
+            t.session_id
+            for _, t in self.store.turns(status=TurnStatus.COLLECTED, turn_type=TurnType.MAIN)
+        }
+        complete = set()
+        for group in groups:
+            mates = [s for s in members if s.group_id == group]
+            env = self.envs.get(mates[0].env_id) if mates else None
+            size = env.group_size if env is not None else 1
+            finished = all(
+                s.status != SessionStatus.OPEN and s.session_id not in unjudged for s in mates
+            )
+            if finished and len(mates) >= size:
+                complete.add(group)
+        ready = [
+            (q, t) for q, t in judged if (sessions[t.session_id].group_id or "") in complete | {""}
+        ]
+        return ready, sessions
+
+    def _write_rows(
+        self,
+        metrics: StepMetrics,
+        selection: Selection,
+        ready: list[tuple[int, Turn]],
+        sessions: Mapping[str, Session],
+        staleness_by_env: Mapping[str, list[int]],
+        publish_ms: float,
+    ) -> None:
+        """The step's row and one row per env, to every metrics sink and the log."""
+        scores_by_env: dict[str, list[float]] = {}
+        for _, turn in ready:
+            if turn.judgement is not None:
+                env = sessions[turn.session_id].env_id
+                scores_by_env.setdefault(env, []).append(turn.judgement.score)
+        row = asdict(metrics) | {
+            "elapsed_s": round(time.monotonic() - self._started, 3),
+            "publish_ms": round(publish_ms, 2),
+            "rollout_tokens": self.progress.rollout_tokens,
+            "judge_score": _mean(sum(scores_by_env.values(), [])),
+            "dropped": len(selection.dropped),
+            "stale": selection.stale,
+            "episodes": self.progress.episodes,
+            "recent_reward": self.progress.mean_recent_reward,
+        }
+        dropped_by_env: dict[str, int] = {}
+        env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
+        for seq in selection.dropped:
+            dropped_by_env[env_of[seq]] = dropped_by_env.get(env_of[seq], 0) + 1
+        considered_by_env: dict[str, int] = {}
+        for env in env_of.values():
+            considered_by_env[env] = considered_by_env.get(env, 0) + 1
+        if self.metrics is not None:
+            self.metrics.write(metrics.step, row)
+        names = list(dict.fromkeys([*self.envs, *considered_by_env]))
+        for name in names:
+            considered = considered_by_env.get(name, 0)
+            staleness = staleness_by_env.get(name, [])
+            env_row = episode_summary(self.progress.env(name).unreported()) | {
+                "judge_score": _mean(scores_by_env.get(name, [])),
+                "turns_trained": len(staleness),
+                "dropped": dropped_by_env.get(name, 0),
+                "dropped_share": (
+                    round(dropped_by_env.get(name, 0) / considered, 4) if considered else None
+                ),
+                "staleness": _mean([float(s) for s in staleness]),
+            }
+            if self.metrics is not None:
+                self.metrics.write(metrics.step, env_row, env=name)
+        logger.info(
+            "step %d: loss %.4f, %d turns, reward %.3f, %.1fs",
+            metrics.step,
+            metrics.loss,
+            metrics.turns,
+            self.progress.mean_recent_reward,
+            metrics.seconds,
+        )
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None
