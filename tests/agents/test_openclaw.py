@@ -166,3 +166,60 @@ def test_two_openclaw_turns_are_recorded_and_linked(server, tmp_path):
     assert turns[0].completion["content"] in json.dumps(
         turns[1].prompt_messages, ensure_ascii=False
     )
+
+
+def test_openclaw_drives_a_training_run_that_trains_on_its_turns(tmp_path):
+    """OpenClaw-RL's own scenario end to end: `trainers.run env=chat env.chat.users=live`
+    serves the policy, the real OpenClaw agent talks to it, the user's complaint is judged
+    and the step trains on OpenClaw's turn."""
+    run_dir, port = tmp_path / "run", free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "trainers.run",
+        "model=tiny",
+        "env=chat",
+        "env.chat.users=live",
+        "judge=feedback",
+        "method=binary",
+        "trainer.batch_turns=1",
+        "trainer.max_steps=1",
+        "trainer.lora_rank=4",
+        "engine.threads=2",
+        "engine.context_length=32768",
+        f"serve.port={port}",
+        f"run_dir={run_dir}",
+    ]
+    trainer = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "CLAWGYM_API_KEY": ""},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert trainer.poll() is None, trainer.stderr.read()[-3000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the trainer's proxy never answered"
+            try:
+                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        home = openclaw_home(tmp_path / "home", base + "/v1")
+        say(home, "What is the capital of France?")
+        say(home, "That is wrong. Answer in one word.")
+        assert trainer.wait(timeout=900) == 0, trainer.stderr.read()[-3000:]  # type: ignore[union-attr]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["steps"], summary["adapter_version"]) == (1, 1)
+    with Store(run_dir / "store.sqlite") as store:
+        turns = store.session(SESSION).turns
+    first = turns[0]
+    assert first.judgement is not None and first.judgement.score == -1.0
+    assert first.status == "trained" and len(first.prompt_token_ids) > 10_000

@@ -274,3 +274,84 @@ def test_live_users_train_the_policy_they_talk_to(tmp_path):
     assert scores == {"ana1": -1.0, "bo1": 1.0, "ana2": -1.0, "bo2": 1.0}
     assert {t.policy_version for t in turns if t.session_id.endswith("1")} == {0}
     assert {t.policy_version for t in turns if t.session_id.endswith("2")} == {1}
+
+
+def test_live_users_beside_simulated_envs_in_one_run(tmp_path):
+    """`serve.enabled=true` with simulated envs: a person's conversation and the arith
+    episodes reach the same policy, judge and learner; both are trained in one run."""
+    from openai import OpenAI
+
+    run_dir, port = tmp_path / "beside", _free_port()
+    trainer = train(
+        run_dir,
+        "env=[arith]",
+        "env.arith.group_size=2",
+        "env.arith.max_tokens=16",
+        "env.arith.weight=1",
+        "judge=feedback",  # the run's judge reads the person's words...
+        "env.arith.judge=self",  # ...and the base model judges the arith turns
+        "method=binary",
+        "trainer.batch_turns=4",
+        "trainer.max_steps=3",
+        "serve.enabled=true",
+        f"serve.port={port}",
+        wait=False,
+    )
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    deadline = time.monotonic() + 300
+    while True:
+        assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the trainer's proxy never answered"
+        try:
+            client.models.list()
+            break
+        except Exception:
+            time.sleep(0.5)
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    for text, done in ((None, False), ("Too long. Keep it under five words.", True)):
+        if text is not None:
+            history.append({"role": "user", "content": text})
+        headers = {"X-Session-Id": "ana"} | ({"X-Session-Done": "1"} if done else {})
+        reply = client.chat.completions.create(
+            model="policy", messages=history, max_tokens=8, extra_headers=headers
+        )
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    assert trainer.wait(timeout=900) == 0, trainer.stderr.read()[-3000:]
+    with Store(run_dir / "store.sqlite") as store:
+        env_of = {s.session_id: s.env_id for s in store.sessions()}
+        trained = {env_of[t.session_id] for _, t in store.turns(status=TurnStatus.TRAINED)}
+        ana = [t for t in store.session("ana").turns if t.turn_type == TurnType.MAIN]
+    assert env_of["ana"] == "live" and "arith" in set(env_of.values())
+    assert ana[0].judgement is not None and ana[0].judgement.score == -1.0
+    assert trained == {"live", "arith"}, trained
+
+
+@pytest.mark.slow
+def test_a_mixture_with_the_browser_and_swe_families_trains(tmp_path):
+    """Under `slow`: GUI (Chromium) and SWE (sandboxed repositories) beside arith in one run."""
+    run_dir = tmp_path / "wide"
+    summary = train(
+        run_dir,
+        "env=[arith,gui,swe]",
+        "env.arith.group_size=2",
+        "env.arith.max_tokens=16",
+        "env.gui.group_size=2",
+        "env.gui.max_tokens=16",
+        "env.gui.kwargs.max_turns=2",
+        "env.swe.group_size=2",
+        "env.swe.max_tokens=16",
+        "env.swe.kwargs.max_turns=2",
+        "env.swe.kwargs.sandbox=bwrap",
+        "rollout.groups_in_flight=3",
+        "trainer.batch_turns=8",
+        "trainer.max_steps=2",
+        "method=binary",
+    )
+    assert summary["steps"] == 2
+    assert set(summary["envs"]) == {"arith", "gui", "swe"}
+    for name, figures in summary["envs"].items():
+        assert figures["episodes"] >= 2, (name, figures)
+    with Store(run_dir / "store.sqlite") as store:
+        env_of = {s.session_id: s.env_id for s in store.sessions()}
+        judged = {env_of[t.session_id] for _, t in store.turns() if t.judgement is not None}
+    assert judged == {"arith", "gui", "swe"}, judged
