@@ -30,7 +30,7 @@ from agents.config import (
     validate_serve,
 )
 from agents.engines.base import Engine, SamplingParams
-from agents.proxy import Proxy, ProxyConfig
+from agents.proxy import LIVE_ENV_ID, Proxy, ProxyConfig
 from agents.store import Store
 from agents.trajectory import TurnType
 
@@ -117,7 +117,7 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def proxy_config(serve: ServeSection, model_name: str, env_id: str = "live") -> ProxyConfig:
+def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID) -> ProxyConfig:
     """The proxy's own config from the `serve` section; `env_id` labels the sessions its
     clients open by their first request."""
     return ProxyConfig(
@@ -137,7 +137,11 @@ def serve_key(serve: ServeSection) -> str | None:
 
 @contextlib.contextmanager
 def serve_policy(
-    engine: Engine, store: Store, serve: ServeSection, model_name: str, env_id: str = "live"
+    engine: Engine,
+    store: Store,
+    serve: ServeSection,
+    model_name: str,
+    env_id: str = LIVE_ENV_ID,
 ) -> Iterator[tuple[str, Proxy]]:
     """Serves `engine` behind the token-exact proxy from a thread of this process, on
     `serve.host:serve.port` (port 0: any free one); yields its base URL and the proxy."""

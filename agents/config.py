@@ -209,4 +209,9 @@ def validate_envs(envs: dict[str, EnvConfig]) -> None:
             "the run has no environment: choose one (env=chat) or several (env=[chat,arith])"
         )
     for name, env in envs.items():
+        if name == "live" or "/" in name:
+            raise ValueError(
+                f"env.{name}: `live` (live clients' sessions) and names with '/' (held-out "
+                "evaluation's `eval/<env>`) are the store's own; rename the env"
+            )
         validate_env(env, f"env.{name}")

@@ -61,6 +61,9 @@ from agents.trajectory import TurnType
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+LIVE_ENV_ID = "live"
+"""The env id of the sessions clients open by their requests (a simulated episode's session
+is opened with its own env's name)."""
 CHECKPOINT_TURNS = 128
 """Turns the proxy commits between two WAL checkpoints (SQLite's own default is about
 every 160 turns of a short conversation)."""
@@ -78,7 +81,7 @@ class ProxyConfig:
     """The turn type of requests that do not say."""
     max_tokens: int = 512
     """Completion budget of requests that do not set one."""
-    env_id: str = "live"
+    env_id: str = LIVE_ENV_ID
     """`env_id` of the sessions the proxy records."""
     session_idle_s: float = 600.0
     """A session without a request for this long has its turns that nothing continued

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from agents.proxy import LIVE_ENV_ID
 from agents.rollout import Seat
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
@@ -98,8 +99,12 @@ class Pipeline:
             config.method,
             config.env,
             {
-                name: reward_weights(env, config.method, kinds[name])
-                for name, env in config.env.items()
+                # live conversations (the proxy's "live" sessions) have no outcome
+                LIVE_ENV_ID: reward_weights(None, config.method, config.judge.kind),
+                **{
+                    name: reward_weights(env, config.method, kinds[name])
+                    for name, env in config.env.items()
+                },
             },
             learner,
             store,
@@ -215,7 +220,7 @@ class Pipeline:
         abandoned = [
             s.session_id
             for s in self.store.sessions(status=SessionStatus.OPEN)
-            if s.env_id != "live"
+            if s.env_id != LIVE_ENV_ID
         ]
         for session_id in abandoned:
             self.store.end_turns(

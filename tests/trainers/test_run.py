@@ -215,10 +215,25 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _client_of(trainer, port):
+    """An openai client of the trainer's proxy on `port`, once it answers."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    deadline = time.monotonic() + 300
+    while True:
+        assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the trainer's proxy never answered"
+        try:
+            client.models.list()
+            return client
+        except Exception:
+            time.sleep(0.5)
+
+
 def test_live_users_train_the_policy_they_talk_to(tmp_path):
     """`env.users=live`: the trainer serves the proxy; two people chat through the openai
     client; their feedback is judged and trained on, and the new adapter is what serves."""
-    from openai import OpenAI
 
     run_dir, port = tmp_path / "live", _free_port()
     trainer = train(
@@ -230,16 +245,8 @@ def test_live_users_train_the_policy_they_talk_to(tmp_path):
         f"serve.port={port}",
         wait=False,
     )
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    client = _client_of(trainer, port)
     deadline = time.monotonic() + 300
-    while True:
-        assert trainer.poll() is None, trainer.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "the trainer's proxy never answered"
-        try:
-            client.models.list()
-            break
-        except Exception:
-            time.sleep(0.5)
 
     def say(session, history, text, done=False):
         history.append({"role": "user", "content": text})
@@ -279,7 +286,6 @@ def test_live_users_train_the_policy_they_talk_to(tmp_path):
 def test_live_users_beside_simulated_envs_in_one_run(tmp_path):
     """`serve.enabled=true` with simulated envs: a person's conversation and the arith
     episodes reach the same policy, judge and learner; both are trained in one run."""
-    from openai import OpenAI
 
     run_dir, port = tmp_path / "beside", _free_port()
     trainer = train(
@@ -297,16 +303,7 @@ def test_live_users_beside_simulated_envs_in_one_run(tmp_path):
         f"serve.port={port}",
         wait=False,
     )
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-    deadline = time.monotonic() + 300
-    while True:
-        assert trainer.poll() is None, trainer.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "the trainer's proxy never answered"
-        try:
-            client.models.list()
-            break
-        except Exception:
-            time.sleep(0.5)
+    client = _client_of(trainer, port)
     history = [{"role": "user", "content": "What is the capital of France?"}]
     for text, done in ((None, False), ("Too long. Keep it under five words.", True)):
         if text is not None:
