@@ -77,7 +77,8 @@ class SamplingConfig:
     top_p: float = 1.0
     """Nucleus sampling mass."""
     max_tokens: int = 96
-    """Tokens per assistant turn."""
+    """Tokens per assistant turn, where the env does not size its own (`env.<name>.max_tokens`:
+    the agentic groups do)."""
 
 
 @dataclass

@@ -34,7 +34,7 @@ def test_binary_training_on_swe_finishes_its_steps(tmp_path, engine, steps):
         # small enough for a 2-core CPU: two-turn episodes in bwrap, short replies
         "env.swe.kwargs.max_turns=2",
         "env.swe.kwargs.sandbox=bwrap",
-        "sampling.max_tokens=8",
+        "env.swe.max_tokens=8",
         "judge.max_tokens=16",
         "trainer.batch_turns=2",
         "trainer.lora_rank=4",
@@ -52,7 +52,7 @@ def test_binary_training_on_swe_finishes_its_steps(tmp_path, engine, steps):
     assert (run_dir / "adapters" / f"v{steps}" / "adapter_model.safetensors").exists()
     with Store(run_dir / "store.sqlite") as store:
         sessions = [s for s in store.sessions() if s.outcome_reward is not None]
-        assert sessions and all(s.env_id == "clawgym/SWE-v0" for s in sessions)
+        assert sessions and all(s.env_id == "swe" for s in sessions)  # its name in the run
         # a tiny random model resolves nothing: every finished episode is graded -1
         assert {s.outcome_reward for s in sessions} == {-1.0}
         groups = {s.group_id for s in sessions}
