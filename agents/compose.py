@@ -97,6 +97,7 @@ def build_engine(
             dtype=engine.dtype if on_gpu or engine.dtype != "auto" else "float32",
             kv_cache_gib=engine.kv_cache_gib,
             gpu_memory_utilization=usage if on_gpu else None,
+            whole_prefills=not on_gpu,
             cpus=None if on_gpu else cpus,
             startup_timeout=engine.startup_timeout,
         )

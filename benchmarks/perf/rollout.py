@@ -1,24 +1,39 @@
 """Rollout throughput: episodes/s, turns/s and completion tokens/s of a mixture of envs
 played with 1, 4 and 8 task groups in flight, each against 1 in flight in the same run.
 
-    .venv/bin/python -m benchmarks.perf.rollout [--envs chat,arith,terminal]
-        [--in-flight 1 4 8] [--seconds 60] [--warmup 10] [--rounds 1] [--max-tokens 16]
-        [--max-batch 32] [--threads 1] [--seed 0] [--out FILE.json] [hydra overrides ...]
+    .venv/bin/python -m benchmarks.perf.rollout [--engine embedded,vllm]
+        [--envs chat,arith,terminal] [--in-flight 1 4 8] [--seconds 60] [--warmup 10]
+        [--rounds 1] [--max-tokens 16] [--max-batch 32] [--threads 1] [--vllm-cpus 0,1]
+        [--seed 0] [--out FILE.json] [hydra overrides ...]
 
-The rollout side of a training run, without the trainer: the `tiny` model on the embedded
-engine (`--max-batch` rows decoded together, `--threads` torch threads) served behind the
+The rollout side of a training run, without the trainer: the `tiny` model served behind the
 real proxy (`agents.compose.serve_policy`, a free loopback port, a store in a temporary
 directory), reached through a `ProxySeat`; `trainers.rollouts.RolloutLoop` plays groups of
-the mixture with `has_room` always true. The envs are the `env` groups of agents/conf/env/,
-composed by Hydra as `python -m trainers.run` composes them (extra arguments are more
-overrides, e.g. `env.arith.group_size=8`), each turn capped at `--max-tokens`. The default
-mixture is chat and arith, plus terminal (sandbox=bwrap) where a bwrap sandbox starts here.
+the mixture with `has_room` always true. `--engine` picks what serves the model, one or
+several, comma-separated (one after the other, a table each):
 
-One torch thread by default: on a 2-core machine two OpenMP threads wait on each other
-whenever another thread or process holds a core (the proxy's, the clients', a neighbour's):
-a 550-1000-token request on `tiny` took 0.2-3.8 s with 2 threads against 0.1-0.2 s with 1
-while another process kept a core busy (measured here); with `OMP_WAIT_POLICY=PASSIVE`,
-2 threads were as fast as 1.
+- embedded (the default): transformers in this process, `--max-batch` rows decoded
+  together on one worker thread with `--threads` torch threads; no prefix cache;
+- vllm: vLLM's OpenAI server from .venv-vllm (`agents.engines.vllm`; 20-70 s to start here,
+  not counted), context 4096 tokens, with its prefix cache and continuous batching, and
+  whole prefills only (`agents.engines.vllm._whole_prefill_args` says why). Its OpenMP
+  threads are bound to `--vllm-cpus`, by default the cores `python -m trainers.run` gives
+  vLLM beside a CPU learner (`agents.compose.split_cpus`: the last half; core 1 of 2).
+  The proxy, the rollout loop, the sandboxes and vLLM's API server and scheduler run on any
+  core. On 2 cores one OpenMP thread was faster than two at every setting (turns/s 13.2 /
+  25.5 / 32.3 at 1 / 4 / 8 groups against 11.2 / 20.3 / 24.8 with `--vllm-cpus 0,1`,
+  measured here; with `OMP_WAIT_POLICY=PASSIVE` two were no faster).
+
+The envs are the `env` groups of agents/conf/env/, composed by Hydra as
+`python -m trainers.run` composes them (extra arguments are more overrides, e.g.
+`env.arith.group_size=8`), each turn capped at `--max-tokens`. The default mixture is chat
+and arith, plus terminal (sandbox=bwrap) where a bwrap sandbox starts here.
+
+The embedded engine gets one torch thread by default: on a 2-core machine two OpenMP
+threads wait on each other whenever another thread or process holds a core (the proxy's,
+the clients', a neighbour's): a 550-1000-token request on `tiny` took 0.2-3.8 s with 2
+threads against 0.1-0.2 s with 1 while another process kept a core busy (measured here);
+with `OMP_WAIT_POLICY=PASSIVE`, 2 threads were as fast as 1.
 
 Each setting gets a fresh store, proxy, seat and env pools and the same seed. It plays for
 `--warmup` seconds (pools filling, the first groups' lock-step start), then for the
@@ -32,8 +47,13 @@ summed, so that a load that comes and goes on a shared machine falls on all of t
   so turns/s is the steadier figure;
 - turns/s, completion tokens/s, prompt tokens a turn: policy turns the proxy committed in
   the window (the store's turns, by their commit time);
-- CPU cores: this process's CPU seconds over the window, and the rest of the machine's
-  (the sandboxes' shells and any other load; /proc/stat);
+- CPU cores: this process's CPU seconds over the window, the vLLM server's (its process
+  group, /proc), and the rest of the machine's (the sandboxes' shells and any other load;
+  /proc/stat);
+- vllm only, from its Prometheus /metrics over the window: engine steps/s, sequences
+  decoded a step (generated tokens over steps: the batch continuous batching kept), tokens
+  computed a step (those plus the prompt tokens prefilled), the server's CPU ms a step,
+  and the share of prompt tokens its prefix cache served;
 - `x`: the setting's rate over the first setting's (1 group in flight). Target (issue
   #21): >= 2.5x at 8.
 """
@@ -55,15 +75,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 import trainers
-from agents.compose import build_engine, env_factory, serve_key, serve_policy
+from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
 from agents.config import ServeSection
 from agents.engines.base import Engine
+from agents.engines.vllm import VLLMEngine, own_cpus
+from agents.engines.vllm_server import group_members
 from agents.rollout import ProxySeat
 from agents.store import Store
 from envs.sandbox import SandboxError, make_sandbox
@@ -77,6 +100,17 @@ logger = logging.getLogger(__name__)
 TARGET = 2.5
 """Issue #21: episodes/s at 8 groups in flight over 1, at least."""
 RATES = ("episodes_per_s", "turns_per_s", "tokens_per_s")
+ENGINES = ("embedded", "vllm")
+VLLM_CONTEXT = 4096
+"""vllm's context length: the longest prompt here (terminal's tenth turn) is ~1000 tokens."""
+VLLM_COUNTERS = {
+    "steps": "vllm:iteration_tokens_total_count",
+    "step_tokens": "vllm:iteration_tokens_total_sum",
+    "generated": "vllm:generation_tokens_total",
+    "prefix_queried": "vllm:prefix_cache_queries_total",
+    "prefix_hits": "vllm:prefix_cache_hits_total",
+}
+"""The vLLM server's counters the benchmark reads (Prometheus names, summed over labels)."""
 
 
 @dataclass
@@ -99,6 +133,7 @@ class TimedProgress(Progress):
 class Measured:
     """One setting's figures over its windows (summed over rounds)."""
 
+    engine: str
     in_flight: int
     window_s: float
     episodes: int
@@ -119,6 +154,9 @@ class Measured:
     machine_busy_s: float
     """CPU seconds the whole machine used in the window (this process, its sandboxes'
     shells, and whatever else runs here)."""
+    server: dict[str, float]
+    """vllm: the server's CPU seconds (`cpu_s`) and `VLLM_COUNTERS` over the window; empty
+    for the embedded engine (it computes in this process)."""
 
     @property
     def episodes_per_s(self) -> float:
@@ -133,12 +171,18 @@ class Measured:
         return self.completion_tokens / self.window_s
 
     @property
+    def others_cpu_s(self) -> float:
+        """CPU seconds the rest of the machine used: neither this process nor its server."""
+        return self.machine_busy_s - self.cpu_s - self.server.get("cpu_s", 0.0)
+
+    @property
     def mean_episode_s(self) -> float:
         return self.episode_wall_s / self.episodes if self.episodes else 0.0
 
     def plus(self, other: Measured) -> Measured:
         """Both windows' figures together (the same setting, another round)."""
         return Measured(
+            engine=self.engine,
             in_flight=self.in_flight,
             window_s=self.window_s + other.window_s,
             episodes=self.episodes + other.episodes,
@@ -151,6 +195,7 @@ class Measured:
             envs_made=max(self.envs_made, other.envs_made),
             cpu_s=self.cpu_s + other.cpu_s,
             machine_busy_s=self.machine_busy_s + other.machine_busy_s,
+            server={k: v + other.server.get(k, 0.0) for k, v in self.server.items()},
         )
 
 
@@ -160,6 +205,43 @@ def machine_busy_s() -> float:
         ticks = [int(value) for value in stat.readline().split()[1:]]
     idle = ticks[3] + ticks[4]  # idle and iowait
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user and system) the live processes of process group `pgid` have used."""
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # exited since it was listed
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def prometheus_sums(text: str, names: Sequence[str]) -> dict[str, float]:
+    """Each metric of `names` in a Prometheus text exposition, summed over its label sets."""
+    sums = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.split("{")[0].split()[0], line.rsplit(maxsplit=1)[-1]
+        if name in sums:
+            sums[name] += float(value)
+    return sums
+
+
+def server_sample(engine: Engine) -> dict[str, float]:
+    """A vLLM engine's server: its process group's CPU seconds and `VLLM_COUNTERS` now;
+    nothing for another engine."""
+    if not isinstance(engine, VLLMEngine):
+        return {}
+    metrics = engine.base_url.removesuffix("/v1") + "/metrics"
+    sums = prometheus_sums(httpx.get(metrics, timeout=30).text, list(VLLM_COUNTERS.values()))
+    return {"cpu_s": group_cpu_s(engine.pid)} | {
+        key: sums[name] for key, name in VLLM_COUNTERS.items()
+    }
 
 
 def bwrap_works() -> bool:
@@ -177,15 +259,17 @@ def bwrap_works() -> bool:
         return False
 
 
-def run_config(args: argparse.Namespace) -> RunConfig:
-    """The trainer's config composed for the benchmark: the tiny model on the embedded
-    engine, the chosen env groups, every turn capped at `--max-tokens`, then the extra
-    overrides."""
+def run_config(args: argparse.Namespace, engine: str) -> RunConfig:
+    """The trainer's config composed for the benchmark: the tiny model on `engine`, the
+    chosen env groups, every turn capped at `--max-tokens`, then the extra overrides."""
+    engine_overrides = {
+        "embedded": [f"engine.threads={args.threads}", f"engine.max_batch={args.max_batch}"],
+        "vllm": [f"engine.context_length={VLLM_CONTEXT}"],
+    }
     overrides = [
         "model=tiny",
-        "engine=embedded",
-        f"engine.threads={args.threads}",
-        f"engine.max_batch={args.max_batch}",
+        f"engine={engine}",
+        *engine_overrides[engine],
         f"sampling.max_tokens={args.max_tokens}",
         f"seed={args.seed}",
         f"env=[{','.join(args.envs)}]",
@@ -229,8 +313,10 @@ def measure(
             try:
                 stop.wait(warmup)  # set early only by a worker's error, raised below
                 start, cpu, busy = time.time(), time.process_time(), machine_busy_s()
+                server = server_sample(engine)
                 stop.wait(seconds)
                 end, cpu, busy = time.time(), time.process_time() - cpu, machine_busy_s() - busy
+                server = {k: v - server[k] for k, v in server_sample(engine).items()}
             finally:
                 stop.set()
             logger.info("%d in flight: window over, playing out the groups in flight", in_flight)
@@ -241,6 +327,7 @@ def measure(
             slot.pool.close()
     episodes = progress.between(start, end)
     return Measured(
+        engine=config.engine.backend,
         in_flight=in_flight,
         window_s=end - start,
         episodes=len(episodes),
@@ -253,6 +340,7 @@ def measure(
         envs_made=sum(slot.pool.made for slot in slots.values()),
         cpu_s=cpu,
         machine_busy_s=busy,
+        server=server,
     )
 
 
@@ -272,13 +360,43 @@ def table(rows: Sequence[Measured], title: str, caption: str) -> Table:
         *(f"{row.prompt_tokens / row.turns:.0f}" if row.turns else "-" for row in rows),
     )
     out.add_row("CPU cores, this process", *(f"{row.cpu_s / row.window_s:.2f}" for row in rows))
+    if base.server:
+        out.add_row(
+            "CPU cores, vLLM server", *(f"{row.server['cpu_s'] / row.window_s:.2f}" for row in rows)
+        )
     out.add_row(
-        "CPU cores, everything else",
-        *(f"{(row.machine_busy_s - row.cpu_s) / row.window_s:.2f}" for row in rows),
+        "CPU cores, everything else", *(f"{row.others_cpu_s / row.window_s:.2f}" for row in rows)
     )
     out.add_row("env instances made (peak)", *(str(row.envs_made) for row in rows))
     out.add_row("failed episodes", *(str(row.failed) for row in rows))
+    if base.server:
+        add_server_rows(out, rows)
     return out
+
+
+def add_server_rows(out: Table, rows: Sequence[Measured]) -> None:
+    """The vLLM server's figures over each window (`VLLM_COUNTERS`)."""
+
+    def per_step(row: Measured, value: float) -> str:
+        return f"{value / row.server['steps']:.1f}" if row.server["steps"] else "-"
+
+    out.add_row("vLLM engine steps/s", *(f"{r.server['steps'] / r.window_s:.1f}" for r in rows))
+    out.add_row(
+        "vLLM sequences decoded a step", *(per_step(r, r.server["generated"]) for r in rows)
+    )
+    out.add_row(
+        "vLLM tokens computed a step", *(per_step(r, r.server["step_tokens"]) for r in rows)
+    )
+    out.add_row("vLLM server CPU ms a step", *(per_step(r, r.server["cpu_s"] * 1e3) for r in rows))
+    out.add_row(
+        "vLLM prefix cache hits (prompt tokens)",
+        *(
+            f"{r.server['prefix_hits'] / r.server['prefix_queried']:.0%}"
+            if r.server["prefix_queried"]
+            else "-"
+            for r in rows
+        ),
+    )
 
 
 def _rate(value: float, reference: float) -> str:
@@ -290,9 +408,23 @@ def default_envs() -> list[str]:
     return ["chat", "arith", *(["terminal"] if bwrap_works() else [])]
 
 
-def run(args: argparse.Namespace, config: RunConfig) -> list[Measured]:
-    """Every setting, in turn, `--rounds` times; each setting's rounds summed."""
-    engine = build_engine(config.engine, config.model)
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine's settings, measured."""
+
+    config: RunConfig
+    rows: list[Measured]
+    startup_s: float
+    """Seconds the engine took to build (the model loaded, vLLM's server answering)."""
+
+
+def run(args: argparse.Namespace, config: RunConfig) -> EngineRun:
+    """Every setting on `config`'s engine, in turn, `--rounds` times; each setting's rounds
+    summed."""
+    started = time.perf_counter()
+    engine = make_engine(config, args.vllm_cpus)
+    startup_s = time.perf_counter() - started
+    logger.info("%s engine up in %.1f s", config.engine.backend, startup_s)
     make_envs = {name: env_factory(env) for name, env in config.env.items()}
     totals: dict[int, Measured] = {}
     try:
@@ -314,11 +446,60 @@ def run(args: argparse.Namespace, config: RunConfig) -> list[Measured]:
                     totals[in_flight] = done.plus(measured) if done else measured
     finally:
         engine.close()
-    return [totals[in_flight] for in_flight in args.in_flight]
+    return EngineRun(config, [totals[in_flight] for in_flight in args.in_flight], startup_s)
+
+
+def make_engine(config: RunConfig, cpus: Sequence[int]) -> Engine:
+    """The run's engine as `build_engine` makes it on a CPU (vLLM on `cpus`, prefilling
+    whole prompts: `agents.engines.vllm._whole_prefill_args` says why)."""
+    return build_engine(config.engine, config.model, cpus=cpus)
+
+
+def engines_arg(value: str) -> list[str]:
+    """`--engine`: one or several of `ENGINES`, comma-separated."""
+    names = value.split(",")
+    unknown = [name for name in names if name not in ENGINES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown engine {', '.join(unknown)}: choose from {', '.join(ENGINES)}"
+        )
+    return names
+
+
+def cpus_arg(value: str) -> list[int]:
+    """`--vllm-cpus`: core numbers, comma-separated."""
+    return [int(cpu) for cpu in value.split(",")]
+
+
+def caption(args: argparse.Namespace, result: EngineRun) -> str:
+    """How the table was measured: the engine's settings, then the window's."""
+    engine, cores = result.config.engine, len(os.sched_getaffinity(0))
+    if engine.backend == "vllm":
+        bound = ",".join(map(str, args.vllm_cpus))
+        served = (
+            "vLLM server (prefix caching, continuous batching, whole prefills), context "
+            f"{engine.context_length}, {len(args.vllm_cpus)} OpenMP thread(s) bound to core(s) "
+            f"{bound} of a {cores}-core machine, its other processes, this one and the "
+            "sandboxes on any"
+        )
+    else:
+        served = (
+            f"embedded engine, max_batch {engine.max_batch}, torch threads {engine.threads} "
+            f"on a {cores}-core machine"
+        )
+    return (
+        f"{served}, behind the proxy; up in {result.startup_s:.0f} s (not counted); "
+        f"{args.max_tokens} tokens a turn; {args.rounds} x {args.seconds:.0f} s after "
+        f"{args.warmup:.0f} s of warm-up, settings in turn; seed {args.seed}; "
+        "x: over the first setting"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--engine", type=engines_arg, default=["embedded"], help="embedded, vllm, or both"
+    )
     parser.add_argument("--envs", default=None, help="env groups, comma-separated")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window each")
@@ -326,7 +507,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="the settings played in turn")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per turn")
     parser.add_argument("--max-batch", type=int, default=32, help="engine.max_batch")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    parser.add_argument("--threads", type=int, default=1, help="embedded: torch threads")
+    parser.add_argument(
+        "--vllm-cpus", type=cpus_arg, default=None, help="vllm: its cores (default: a run's)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides of the run config")
@@ -336,21 +520,17 @@ def main() -> None:
     for chatty in ("httpx", "httpx2", "openai", "agents.rollout", "envs.sandbox"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     args.envs = args.envs.split(",") if args.envs else default_envs()
-    config = run_config(args)
-    rows = run(args, config)
-    groups = ", ".join(f"{name} x{env.group_size}" for name, env in config.env.items())
-    title = f"rollout of {groups} on tiny (target: episodes/s >= {TARGET}x at 8 in flight)"
-    caption = (
-        f"embedded engine, max_batch {config.engine.max_batch}, torch threads "
-        f"{config.engine.threads} on a {len(os.sched_getaffinity(0))}-core machine, behind "
-        "the proxy; "
-        f"{args.max_tokens} tokens a turn; {args.rounds} x {args.seconds:.0f} s after "
-        f"{args.warmup:.0f} s of warm-up, settings in turn; seed {args.seed}; "
-        "x: over the first setting"
-    )
-    Console().print(table(rows, title, caption))
+    args.vllm_cpus = args.vllm_cpus or split_cpus(own_cpus())[1]
+    results = [run(args, run_config(args, engine)) for engine in args.engine]
+    for result in results:
+        groups = ", ".join(f"{name} x{env.group_size}" for name, env in result.config.env.items())
+        title = (
+            f"rollout of {groups} on tiny, {result.config.engine.backend} engine "
+            f"(target: episodes/s >= {TARGET}x at 8 in flight)"
+        )
+        Console().print(table(result.rows, title, caption(args, result)))
     if args.out:
-        write_figures(args, rows)
+        write_figures(args, [row for result in results for row in result.rows])
 
 
 def write_figures(args: argparse.Namespace, rows: Sequence[Measured]) -> None:
