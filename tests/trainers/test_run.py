@@ -352,3 +352,29 @@ def test_a_mixture_with_the_browser_and_swe_families_trains(tmp_path):
         env_of = {s.session_id: s.env_id for s in store.sessions()}
         judged = {env_of[t.session_id] for _, t in store.turns() if t.judgement is not None}
     assert judged == {"arith", "gui", "swe"}, judged
+
+
+@pytest.mark.slow
+def test_tau2_trains_with_its_model_driven_user_played_by_the_runs_own_server(tmp_path):
+    """`env=tau2`: tau2's user is a model, here the run's own server with the adapter off;
+    its requests are side turns (stored, never trained), the agent's turns train."""
+    run_dir = tmp_path / "tau2"
+    summary = train(
+        run_dir,
+        "env=[tau2]",
+        "engine.context_length=16384",
+        "env.tau2.group_size=2",
+        "env.tau2.max_tokens=16",
+        "env.tau2.kwargs.max_turns=2",
+        "env.tau2.kwargs.user_max_turns=2",
+        "serve.max_tokens=32",
+        "method=binary",
+        "trainer.max_steps=1",
+    )
+    assert summary["steps"] == 1 and summary["envs"]["tau2"]["episodes"] >= 2
+    with Store(run_dir / "store.sqlite") as store:
+        env_of = {s.session_id: s.env_id for s in store.sessions()}
+        kinds = {(env_of[t.session_id], t.turn_type) for _, t in store.turns()}
+        trained = {env_of[t.session_id] for _, t in store.turns(status=TurnStatus.TRAINED)}
+    assert ("live", TurnType.SIDE) in kinds  # the user model's requests
+    assert trained == {"tau2"}
