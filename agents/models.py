@@ -79,6 +79,13 @@ def load(name: str | os.PathLike[str], dtype: Any = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def load_tokenizer(name: str | os.PathLike[str]) -> Any:
+    """The tokenizer of `resolve(name)`, carrying the chat template the engines serve."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve(name))
+
+
 def _hub_snapshot(name: str) -> Path:
     from huggingface_hub import snapshot_download
 

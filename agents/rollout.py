@@ -39,7 +39,7 @@ import gymnasium as gym
 import httpx
 import openai
 
-from agents.engines.base import ContextExceeded, Engine, SamplingParams
+from agents.engines.base import Completion, ContextExceeded, SamplingParams
 from agents.sessions import sampled_turn
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, TurnType
@@ -296,10 +296,23 @@ def _end_quietly(
         logger.warning("could not end session %s: %s", session_id, error)
 
 
-class DirectSeat:
-    """The engine in this process; the turns written to `store` here."""
+class Generates(Protocol):
+    """What `DirectSeat` asks of an engine: `Engine.generate`."""
 
-    def __init__(self, engine: Engine, store: Store):
+    def generate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Message] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = ...,
+    ) -> Completion: ...
+
+
+class DirectSeat:
+    """The engine in this process (or anything that generates like one: the reference
+    agents of `agents.demonstrations`); the turns written to `store` here."""
+
+    def __init__(self, engine: Generates, store: Store):
         self.engine, self.store = engine, store
         self._last: dict[str, tuple[int, int]] = {}
         """Session id -> its last turn's index and prompt length."""

@@ -12,7 +12,8 @@ what a truncated episode left, release what it held). The base class parses acti
 validates tool calls, turns every mistake into an error observation that uses up a turn,
 and keeps `terminated` (the task ended) apart from `truncated` (the turn budget ran out, or
 a tool or hook raised `EpisodeAborted`: the episode could not go on). No subclass needs to
-override `step`.
+override `step`. An env whose tasks have a scripted solver returns it from
+`reference_agent`: its episodes become demonstrations for supervised fine-tuning.
 """
 
 from __future__ import annotations
@@ -224,6 +225,13 @@ class AgentEnv(gym.Env[list[Message], Action]):
     def _info(self) -> dict[str, Any]:
         """Extra info of the current task; must be deterministic for a given seed."""
         return {}
+
+    def reference_agent(self) -> ScriptedAgent | None:
+        """The scripted solver of the task just reset (an oracle: it may read the answer
+        key), or None where the task has none. Its episodes are the demonstrations that
+        supervised fine-tuning learns from (`agents.demonstrations`) and the reference
+        row of the leaderboard."""
+        return None
 
     # -- gymnasium API -----------------------------------------------------------------
     def reset(

@@ -64,7 +64,8 @@ class MethodConfig:
     """How judged turns become advantages (trainers/advantages.py)."""
 
     name: str = "binary"
-    """binary (scalar reward), opd (hint distillation) or combine (both)."""
+    """binary (scalar reward), opd (hint distillation), combine (both), or sft (supervised
+    fine-tuning on demonstrations: the `sft` section)."""
     w_opd: float = 1.0
     """combine: weight of the teacher - rollout term."""
     w_rl: float = 1.0
@@ -129,6 +130,11 @@ class TrainerConfig:
     play one batch ahead of the learner; more only makes turns staler."""
     overlap: bool = True
     """Run rollout, judging and training concurrently; false alternates them strictly."""
+    init_adapter: str | None = None
+    """Start from this LoRA adapter (a directory with adapter_config.json, or a run
+    directory: its newest adapters/v<N>, e.g. an SFT run's) instead of the base model. It
+    is served as version 1, so the first rollouts are sampled with it. A run that resumes
+    from its own checkpoint ignores it."""
     wandb_project: str | None = None
     """Also log metrics to this W&B project (needs `pip install wandb`)."""
     device: str = "auto"
@@ -141,6 +147,28 @@ class TrainerConfig:
     def backlog(self) -> int:
         """`max_backlog`, or its default of two batches."""
         return self.max_backlog if self.max_backlog is not None else 2 * self.batch_turns
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning on demonstrations (`method=sft`, trainers/sft.py)."""
+
+    demonstrations: str = "reference"
+    """reference: each env's scripted reference agent plays `episodes` of its tasks (its
+    `kwargs` split), stored token-exactly in the run's store; or the path of a store's
+    parquet export (`python -m agents.export RUN_DIR`)."""
+    episodes: int = 64
+    """reference: demonstrations recorded per env."""
+    min_outcome_reward: float | None = 0.0
+    """Only demonstrations whose episode earned more than this train (a reference agent
+    that failed a task shows nothing worth copying); None: every one."""
+    lr: float | None = None
+    """The supervised steps' learning rate; None: `trainer.lr`. Imitation takes a larger
+    one than RL: a warm start then hands RL `trainer.lr`."""
+    warm_start_steps: int = 0
+    """With an RL method: this many supervised steps on the demonstrations first, in the
+    same run (evaluated at their end with `eval`), then `trainer.max_steps` RL steps from
+    that adapter. 0: none."""
 
 
 @dataclass
@@ -182,11 +210,16 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     serve: ServeSection = field(default_factory=ServeSection)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     """Seeds task choice, sampling and the LoRA initialisation."""
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     """Where the store, the export and the resolved config go."""
+
+
+METHODS = ("binary", "opd", "combine", "sft")
+"""The values of `method.name`."""
 
 
 def validate(config: RunConfig) -> None:
@@ -210,23 +243,30 @@ def validate(config: RunConfig) -> None:
             f"trainer.target_modules {sorted(unserved)} are not in engine.lora_target_modules: "
             "vLLM would refuse the adapter; add them there"
         )
-    if config.method.name not in ("binary", "opd", "combine"):
+    if config.method.name not in METHODS:
         raise ValueError(
-            f"method={config.method.name!r}: choose method=binary, method=opd or method=combine"
+            f"method={config.method.name!r}: choose method=binary, opd, combine or sft"
         )
+    if config.sft.episodes < 1 or config.sft.warm_start_steps < 0:
+        raise ValueError("sft.episodes must be >= 1 and sft.warm_start_steps >= 0")
     if config.judge.votes < 1:
         raise ValueError(f"judge.votes must be >= 1, got {config.judge.votes}")
     if config.judge.kind == "remote" and not (config.judge.base_url and config.judge.model):
         raise ValueError(
             "judge=remote needs judge.base_url=http://HOST:PORT/v1 (and judge.model=NAME)"
         )
-    if config.method.name != "binary" and config.judge.kind == "env":
+    if config.method.name in ("opd", "combine") and config.judge.kind == "env":
         raise ValueError(
             f"method={config.method.name} needs hints from an LLM judge; use judge=self or remote"
         )
     if config.method.baseline not in ("step", "group"):
         raise ValueError(f"method.baseline must be step or group, got {config.method.baseline!r}")
     for name, env in config.env.items():
+        if (env.judge or config.judge.kind) == "env" and env.outcome_weight == 0:
+            raise ValueError(
+                f"env {name!r} has no outcome to learn from (outcome_weight 0), so judge=env "
+                f"gives it no reward: use judge=self, feedback or remote (or env.{name}.judge=...)"
+            )
         if env.judge == "remote" and config.judge.kind != "remote":
             raise ValueError(
                 f"env.{name}.judge=remote: a remote judge is configured once, as judge=remote"

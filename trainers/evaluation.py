@@ -70,6 +70,15 @@ def score(step: int, summaries: list[EpisodeSummary]) -> EvalScore:
     )
 
 
+def evenly_spaced(ids: list[str], count: int) -> list[str]:
+    """`count` of `ids`, evenly spaced over them (all of them when there are no more):
+    task ids are grouped by kind (BFCL's by category, Terminal's by source), so the first
+    few would test one kind only."""
+    if count >= len(ids):
+        return list(ids)
+    return [ids[i * len(ids) // count] for i in range(count)]
+
+
 class Evaluator:
     """Plays each env's held-out tasks greedily and records their scores.
 
@@ -132,11 +141,13 @@ class Evaluator:
         return scores
 
     def before_after(self) -> dict[str, dict[str, Any]]:
-        """Each env's first and last evaluation (the summary's before and after)."""
+        """Each env's first and last evaluation (the summary's before and after), and
+        pass@1 at every evaluation (`curve`: step, pass@1)."""
         return {
             name: {
                 "before": dataclasses.asdict(runs[0]),
                 "after": dataclasses.asdict(runs[-1]),
+                "curve": [(r.step, r.pass_at_1) for r in runs],
             }
             for name, runs in self.history.items()
             if runs
@@ -146,7 +157,8 @@ class Evaluator:
         make = self.makers[name]
         probe = make()
         try:
-            task_ids = sorted(probe.unwrapped.task_ids())[: self.config.episodes]  # type: ignore[attr-defined]
+            every_id = sorted(probe.unwrapped.task_ids())  # type: ignore[attr-defined]
+            task_ids = evenly_spaced(every_id, self.config.episodes)
         finally:
             probe.close()
         sampling = sampling_params(self.sampling, EVAL_SEED)

@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from agents import models
 from trainers.advantages import truncated_importance_weights
 from trainers.config import TrainerConfig
-from trainers.losses import clip_fraction, clipped_policy_loss, kl_to_base
+from trainers.losses import clip_fraction, clipped_policy_loss, kl_to_base, nll_loss
 
 logger = logging.getLogger(__name__)
 
@@ -209,10 +210,21 @@ class Learner:
         self.ledger: list[list[int]] = []
         """The store seqs trained at each step, in order: checkpointed with the weights."""
 
-    def step(self, samples: list[TrainSample]) -> StepMetrics:
-        """One optimiser step over `samples`; returns its metrics (the adapter is not saved)."""
+    def step(
+        self, samples: list[TrainSample], objective: str = "policy", lr: float | None = None
+    ) -> StepMetrics:
+        """One optimiser step over `samples`; returns its metrics (the adapter is not saved).
+
+        `objective`: policy, the clipped policy loss on the samples' advantages; nll, the
+        negative log-likelihood of their tokens (supervised fine-tuning; the metrics' loss
+        is then the mean per token, and advantages are ignored). `lr`: this step's learning
+        rate (an SFT warm start's own); None: `trainer.lr`."""
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr if lr is None else lr
         started = time.monotonic()
-        sums = self.accumulate_gradients(samples)
+        sums = self.accumulate_gradients(samples, objective)
         norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.config.grad_clip
         )
@@ -239,10 +251,21 @@ class Learner:
             seconds=round(time.monotonic() - started, 3),
         )
 
-    def accumulate_gradients(self, samples: list[TrainSample]) -> dict[str, float]:
+    def accumulate_gradients(
+        self, samples: list[TrainSample], objective: str = "policy"
+    ) -> dict[str, float]:
         """Backward passes over micro-batches of `samples`, gradients summed in place."""
         batches = micro_batches(samples, self.config.micro_batch_tokens)
         total = sum(len(s.completion_ids) for s in samples)
+        if objective == "nll":
+            sums = dict.fromkeys(("loss", "kl", "clip", "gap", "gap_max", "gap_tokens"), 0.0)
+            for batch in batches:
+                logprobs = _pad(self._logprobs(batch))
+                mask = _pad([torch.ones(len(s.completion_ids)) for s in batch]).to(logprobs.device)
+                loss = nll_loss(logprobs, mask, total)
+                loss.backward()
+                sums["loss"] += loss.item()
+            return sums | {"batches": len(batches)}
         proximal = self._logprobs_no_grad(batches, adapter=True)
         base = self._logprobs_no_grad(batches, adapter=False) if self.config.kl_weight else None
         sums = {
@@ -301,6 +324,12 @@ class Learner:
                 sums["gap_max"] = max(sums["gap_max"], float(gaps.max()))
                 sums["gap_tokens"] += len(sample.completion_ids)
 
+    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """Log-prob of each completion token after the prompt under the current adapter."""
+        sample = TrainSample(0, tuple(prompt_ids), tuple(completion_ids), (), (), self.version)
+        with torch.no_grad():
+            return [float(x) for x in self._logprobs([sample])[0].float().cpu()]
+
     def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:
         sequences = [list(s.prompt_ids) + list(s.completion_ids) for s in batch]
         return token_logprobs(
@@ -320,6 +349,38 @@ class Learner:
                 return [self._logprobs(b) for b in batches]
 
     # -- publishing and checkpoints ------------------------------------------------------
+    def start_from(self, adapter: str | Path) -> Path:
+        """Starts a fresh run from a trained LoRA adapter (`trainer.init_adapter`): its
+        weights become the policy, served as version 1 (version 0 stays the base model, so
+        that turns sampled with the adapter are told apart); returns adapters/v1.
+
+        Raises:
+            ValueError: no adapter there, or one shaped unlike this learner's LoRA.
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = resolve_adapter(adapter)
+        saved = json.loads((path / "adapter_config.json").read_text())
+        mine = self.model.peft_config["default"]
+        if saved.get("r") != mine.r or set(saved.get("target_modules") or ()) != set(
+            mine.target_modules
+        ):
+            raise ValueError(
+                f"the adapter at {path} has rank {saved.get('r')} on "
+                f"{sorted(saved.get('target_modules') or ())}; this learner's is rank {mine.r} "
+                f"on {sorted(mine.target_modules)}: set trainer.lora_rank and "
+                "trainer.target_modules to match it"
+            )
+        result = set_peft_model_state_dict(
+            self.model, load_file(path / "adapter_model.safetensors")
+        )
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"the adapter at {path} has weights this model lacks")
+        self.version = 1
+        logger.info("starting from the adapter at %s (served as version 1)", path)
+        return self.save_adapter()
+
     def save_adapter(self, name: str | None = None) -> Path:
         """Writes the current adapter as run_dir/adapters/v<version> (or run_dir/<name>);
         returns the directory."""
@@ -384,6 +445,32 @@ class Learner:
             "resumed from %s at step %d (adapter v%d)", found, self.step_count, self.version
         )
         return state
+
+
+OBJECTIVES = ("policy", "nll")
+"""What `Learner.step` can minimise."""
+
+
+def resolve_adapter(path: str | Path) -> Path:
+    """An adapter directory from `path`: the directory itself (it holds
+    adapter_config.json), or a run directory, whose newest adapters/v<N> is taken.
+
+    Raises:
+        ValueError: neither, saying what was found.
+    """
+    root = Path(path)
+    if (root / "adapter_config.json").exists():
+        return root
+    versions = sorted(
+        (d for d in (root / "adapters").glob("v*") if d.name[1:].isdigit()),
+        key=lambda d: int(d.name[1:]),
+    )
+    if versions:
+        return versions[-1]
+    raise ValueError(
+        f"{path} is neither a LoRA adapter (no adapter_config.json) nor a run directory "
+        "with adapters/v<N>"
+    )
 
 
 def _pad(rows: list[torch.Tensor]) -> torch.Tensor:

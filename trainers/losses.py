@@ -41,6 +41,12 @@ def clipped_policy_loss(
     return (per_token * mask).sum() / max(total_tokens, 1)
 
 
+def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: int) -> torch.Tensor:
+    """Supervised fine-tuning's loss: the mean negative log-likelihood of the trained tokens
+    of the whole step (summed here, divided by the step's token count)."""
+    return -(logprobs * mask).sum() / max(total_tokens, 1)
+
+
 def kl_to_base(
     logprobs: torch.Tensor, base_logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: int
 ) -> torch.Tensor:

@@ -41,6 +41,7 @@ from trainers.metrics import MetricsWriter
 from trainers.progress import Progress
 from trainers.rollouts import EnvSlot, MakeEnv, RolloutLoop
 from trainers.samples import reward_weights
+from trainers.sft import SFTLoop, prepare_demonstrations
 from trainers.training import Publish, TrainLoop
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ class Pipeline:
         learner: the LoRA learner.
         judge: scores turns and writes hints.
         judges_by_env: judges of particular envs (`env.<name>.judge`), by name.
-        make_envs: one factory per env that rolls out, by name; empty when only live
-            clients feed the store.
+        make_envs: one factory per env that rolls out (with `method=sft`: that
+            demonstrates), by name; empty when only live clients feed the store.
         seat: where the rollouts reach the policy (the proxy, `agents.rollout.ProxySeat`);
             needed with `make_envs`.
         publish: hands a new adapter version to the server.
@@ -90,54 +91,92 @@ class Pipeline:
         self._stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
         """The first loop that stopped on an error, and the error."""
+        self.make_envs = make_envs
+        self.sft = config.method.name == "sft"
+        self.warm_start = 0 if self.sft else config.sft.warm_start_steps
+        """Supervised steps on demonstrations before an RL method's first step."""
+        self.total_steps = config.trainer.max_steps + self.warm_start
         kinds = {name: env.judge or config.judge.kind for name, env in config.env.items()}
         self.judging = JudgeLoop(
             store, judge, judges_by_env, config.method.name in ("opd", "combine"), self.progress
         )
-        self.training = TrainLoop(
-            config.trainer,
-            config.method,
-            config.env,
-            {
-                # live conversations (the proxy's "live" sessions) have no outcome
-                LIVE_ENV_ID: reward_weights(None, config.method, config.judge.kind),
-                **{
-                    name: reward_weights(env, config.method, kinds[name])
-                    for name, env in config.env.items()
-                },
-            },
-            learner,
-            store,
-            publish,
-            self.progress,
-            metrics,
-            run_dir,
-        )
-        self.slots = {
-            name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()
-        }
-        self.rollouts = (
-            RolloutLoop(
-                config.rollout,
-                self.slots,
-                seat,
-                config.sampling,
-                config.seed,
+        self.training: TrainLoop | SFTLoop
+        self.slots: dict[str, EnvSlot] = {}
+        self.rollouts: RolloutLoop | None = None
+        self.supervised = (
+            SFTLoop(
+                config.trainer,
+                config.sft,
+                learner,
+                store,
+                publish,
                 self.progress,
-                has_room=lambda: self.training.waiting() < config.trainer.backlog,
+                metrics,
+                config.seed,
             )
-            if self.slots and seat is not None
+            if self.sft or self.warm_start
             else None
         )
+        if self.supervised is not None and self.sft:
+            # supervised fine-tuning plays no episode: its envs only demonstrate
+            self.training = self.supervised
+        else:
+            self.training = training = TrainLoop(
+                config.trainer,
+                config.method,
+                config.env,
+                {
+                    # live conversations (the proxy's "live" sessions) have no outcome
+                    LIVE_ENV_ID: reward_weights(None, config.method, config.judge.kind),
+                    **{
+                        name: reward_weights(env, config.method, kinds[name])
+                        for name, env in config.env.items()
+                    },
+                },
+                learner,
+                store,
+                publish,
+                self.progress,
+                metrics,
+                run_dir,
+            )
+            self.slots = {
+                name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()
+            }
+            if self.slots and seat is not None:
+                self.rollouts = RolloutLoop(
+                    config.rollout,
+                    self.slots,
+                    seat,
+                    config.sampling,
+                    config.seed,
+                    self.progress,
+                    has_room=lambda: training.waiting() < config.trainer.backlog,
+                )
 
     # -- running -------------------------------------------------------------------------
     def run(self, overlap: bool = True) -> list[StepMetrics]:
-        """Trains for `trainer.max_steps` steps; returns each step's metrics."""
+        """Trains for `trainer.max_steps` steps (after `sft.warm_start_steps` supervised
+        ones); returns each step's metrics."""
         self.resume()
+        if self.supervised is not None:
+            prepare_demonstrations(
+                self.config.sft,
+                self.make_envs,
+                self.store,
+                self.learner,
+                self.config.model.name,
+                self.config.seed,
+                # what the engine serves: its configured context, else the model's own
+                self.config.engine.context_length
+                or getattr(self.learner.model.config, "max_position_embeddings", None),
+            )
         try:
+            self._evaluate()
+            if self.warm_start:
+                self._warm_start()
             if self.rollouts is not None:
                 self.rollouts.start(self.store)
-            self._evaluate()
             if overlap:
                 self._run_overlapped()
             else:
@@ -153,16 +192,31 @@ class Pipeline:
         """Asks every loop to finish what it is doing and return."""
         self._stop.set()
 
+    def _warm_start(self) -> None:
+        """`sft.warm_start_steps` supervised steps before RL (skipped where a resumed run
+        took them), evaluated at their end; then the demonstrations leave the pipeline:
+        their turns, trained or not, are never judged or trained as rollouts."""
+        assert self.supervised is not None
+        try:
+            self.supervised.demonstrations()
+        except ValueError as none:
+            logger.warning("no warm start: %s", none)
+            self.total_steps = self.config.trainer.max_steps
+            return
+        if self.learner.step_count < self.warm_start:
+            while self.learner.step_count < self.warm_start:
+                self.supervised.step()
+            self._evaluate()
+        self.supervised.retire()
+
     def _run_overlapped(self) -> None:
-        loops = [self._loop("judge", self.judging.run)]
+        loops = [] if self.sft else [self._loop("judge", self.judging.run)]
         if self.rollouts is not None:
             loops.append(self._loop("rollout", self.rollouts.run))
         for loop in loops:
             loop.start()
         try:
-            while (
-                self.learner.step_count < self.config.trainer.max_steps and not self._stop.is_set()
-            ):
+            while self.learner.step_count < self.total_steps and not self._stop.is_set():
                 if self._train_step() is None:
                     time.sleep(_IDLE_POLL_S)
             if self._failure is not None:
@@ -174,9 +228,12 @@ class Pipeline:
                 loop.join(timeout=600)
 
     def _run_alternating(self) -> None:
+        if self.sft:  # nothing to alternate with
+            self._run_overlapped()
+            return
         if self.rollouts is None:
             raise ValueError("overlap=False needs an environment to roll out")
-        while self.learner.step_count < self.config.trainer.max_steps:
+        while self.learner.step_count < self.total_steps:
             while (
                 self.store.count_turns(TurnStatus.COLLECTED, TurnType.MAIN)
                 < self.config.trainer.batch_turns
@@ -191,7 +248,7 @@ class Pipeline:
         """One optimiser step if one is ready, and the evaluation due after it."""
         metrics = self.training.step()
         if metrics is not None and self.evaluator is not None:
-            if self.evaluator.due(metrics.step) and metrics.step < self.config.trainer.max_steps:
+            if self.evaluator.due(metrics.step) and metrics.step < self.total_steps:
                 self._evaluate()
         return metrics
 
@@ -231,6 +288,9 @@ class Pipeline:
             logger.info("failed %d episodes a stopped run left open", len(abandoned))
         state = self.learner.load_checkpoint()
         if state is None:
+            if self.config.trainer.init_adapter:
+                adapter = self.learner.start_from(self.config.trainer.init_adapter)
+                self.publish(str(adapter), self.learner.version)
             return
         self.store.mark_trained(self.learner.trained_seqs)
         adapter = self.run_dir / "adapters" / f"v{self.learner.version}"

@@ -24,6 +24,7 @@ import gymnasium as gym
 
 from agents.compose import sampling_params
 from agents.config import EnvConfig, SamplingConfig
+from agents.demonstrations import DEMONSTRATION
 from agents.rollout import EpisodeSummary, Seat, run_episode
 from agents.store import Store
 from agents.trajectory import SessionStatus
@@ -141,7 +142,8 @@ class RolloutLoop:
         that the run goes on with new tasks and seeds."""
         played: dict[str, int] = {}
         for session in store.sessions():
-            played[session.env_id] = played.get(session.env_id, 0) + 1
+            if DEMONSTRATION not in session.metadata:  # a warm start's, not a rollout
+                played[session.env_id] = played.get(session.env_id, 0) + 1
         for slot in self.slots.values():
             slot.load_tasks(self.seed)
             slot.groups = played.get(slot.name, 0) // slot.config.group_size

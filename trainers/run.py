@@ -148,7 +148,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 metrics=metrics,
                 evaluator=evaluator,
             )
-            with _live_progress(pipeline.progress, config.trainer.max_steps):
+            with _live_progress(pipeline.progress, pipeline.total_steps):
                 steps = pipeline.run(overlap=config.trainer.overlap)
         return RunSummary(
             run_dir=str(run_dir),
@@ -282,10 +282,16 @@ def _report(summary: RunSummary) -> None:
                 before, after = scores["before"], scores["after"]
                 table.add_row(
                     f"held-out {name}",
-                    f"pass@1 {before['pass_at_1']:.3f} -> {after['pass_at_1']:.3f} "
-                    f"(n={after['episodes']}), reward {before['reward']:.3f} -> "
-                    f"{after['reward']:.3f}",
+                    f"pass@1 {before['pass_at_1']:.3f} [{before['low']:.3f}, "
+                    f"{before['high']:.3f}] -> {after['pass_at_1']:.3f} [{after['low']:.3f}, "
+                    f"{after['high']:.3f}] (n={after['episodes']}), reward "
+                    f"{before['reward']:.3f} -> {after['reward']:.3f}",
                 )
+                if len(scores["curve"]) > 2:
+                    table.add_row(
+                        f"held-out {name} by step",
+                        ", ".join(f"{step}: {p:.3f}" for step, p in scores["curve"]),
+                    )
             continue
         if key == "envs":
             for name, figures in value.items():

@@ -53,13 +53,15 @@ class RewardWeights:
 def reward_weights(env: EnvConfig | None, method: MethodConfig, judge_kind: str) -> RewardWeights:
     """The weights of an env's turns (None: live conversations, which have no outcome).
 
-    A judge that is the outcome (`env`: its score is the outcome's sign) already counts
-    it: adding the outcome again would count it twice.
+    A judge that is the outcome (`env`) is taken as the outcome itself, once, with the
+    judge's weight: its score is the outcome's sign, and on a 0/1 task a failure's sign is
+    0, which reads as a tie (no signal); a group of three solved and one failed rollouts
+    would then have no contrast left to learn from. The outcome's 0 is signal.
     """
     judge = (env.judge_weight if env else 1.0) if method.use_judge else 0.0
     outcome = (env.outcome_weight if env else 0.0) if method.use_env_reward else 0.0
     if judge_kind == "env" and judge:
-        outcome = 0.0
+        return RewardWeights(0.0, judge)
     return RewardWeights(judge, outcome)
 
 

@@ -75,6 +75,9 @@ def measure(engine: str, args: argparse.Namespace, run_dir: Path) -> Measured:
         f"env={args.env}",
         f"method={args.method}",
         f"judge={args.judge}",
+        # RL steps alone: no warm start, no held-out evaluation in the timed run
+        "sft.warm_start_steps=0",
+        "eval.episodes=0",
         f"trainer.max_steps={args.steps}",
         f"trainer.batch_turns={args.batch_turns}",
         f"sampling.max_tokens={args.max_tokens}",

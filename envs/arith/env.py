@@ -99,6 +99,9 @@ class ArithEnv(AgentEnv):
         assert self.task is not None
         return math.isfinite(answer) and abs(answer - self.task.answer) <= self.tolerance
 
+    def reference_agent(self) -> ArithReferenceAgent:
+        return ArithReferenceAgent(self)
+
     def _info(self) -> dict[str, Any]:
         return {"split": self.split}
 

@@ -26,10 +26,11 @@ from typing import Any, Literal, TypeVar
 
 from playwright.async_api import Error as PlaywrightError
 
-from envs.core import AgentEnv, EpisodeAborted, Message, Reply, ToolResult
+from envs.core import AgentEnv, EpisodeAborted, Message, Reply, ScriptedAgent, ToolResult
 from envs.gui.browser import BrowserCrashed, BrowserHost, acquire_host, release_host
 from envs.gui.page import NO_TIME_LIMIT_MS, TASK_AREA, PageConfig, TaskPage
 from envs.gui.render import PageView, page_message, view_from_js
+from envs.gui.solvers import SOLVERS, ScriptedGUIAgent
 from envs.gui.tasks import GUITask, load_split
 from envs.tools import Tool, ToolCallError
 
@@ -155,6 +156,12 @@ class GUIEnv(AgentEnv):
 
     def _tools(self) -> Sequence[Tool]:
         return self._tool_list
+
+    def reference_agent(self) -> ScriptedAgent | None:
+        """MiniWoB++'s scripted solver of the task, where one is written."""
+        if self.task is None or self.task.name not in SOLVERS:
+            return None
+        return ScriptedGUIAgent(self.task.name)
 
     def _info(self) -> dict[str, Any]:
         page = self._page

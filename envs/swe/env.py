@@ -129,6 +129,9 @@ class SWEEnv(AgentEnv):
             Tool.from_function(self.submit),
         )
 
+    def reference_agent(self) -> SWEReferenceAgent:
+        return SWEReferenceAgent(self)
+
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"split": self.split, "sandbox": self.backend}
         if self._report is not None:

@@ -106,6 +106,9 @@ class TerminalEnv(AgentEnv):
     def _tools(self) -> Sequence[Tool]:
         return (Tool.from_function(self.bash), Tool.from_function(self.submit))
 
+    def reference_agent(self) -> TerminalReferenceAgent:
+        return TerminalReferenceAgent(self)
+
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"split": self.split, "sandbox": self.backend}
         if self._verdict is not None:

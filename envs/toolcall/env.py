@@ -143,6 +143,9 @@ class ToolCallEnv(AgentEnv):
     def _tools(self) -> Sequence[Tool]:
         return tuple(self._tools_now)
 
+    def reference_agent(self) -> ToolCallReferenceAgent:
+        return ToolCallReferenceAgent(self)
+
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"split": self.split}
         if self.task is not None:

@@ -57,7 +57,9 @@ def test_sandboxed_browser_and_user_model_groups_compose(group):
 
 
 def test_several_groups_compose_into_a_mixture_each_under_its_name():
-    config = run_config("env=[chat,arith,terminal,toolcall]", "env.terminal.group_size=2")
+    config = run_config(
+        "env=[chat,arith,terminal,toolcall]", "judge=self", "env.terminal.group_size=2"
+    )
     validate(config)
     assert list(config.env) == ["chat", "arith", "terminal", "toolcall"]
     assert config.env["terminal"].group_size == 2 and config.env["arith"].group_size == 4

@@ -182,6 +182,7 @@ def test_openclaw_drives_a_training_run_that_trains_on_its_turns(tmp_path):
         "env.chat.users=live",
         "judge=feedback",
         "method=binary",
+        "eval.episodes=0",
         "trainer.batch_turns=1",
         "trainer.max_steps=1",
         "trainer.lora_rank=4",

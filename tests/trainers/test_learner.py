@@ -11,6 +11,7 @@ from trainers.learner import (
     learner_device,
     learner_dtype,
     micro_batches,
+    resolve_adapter,
     token_logprobs,
 )
 
@@ -163,3 +164,38 @@ def test_the_learner_measures_its_worst_token_gap_against_the_rollout(tmp_path):
     learner = make_learner(tmp_path)
     metrics = learner.step([sample(rollout=(-1.0, -2.0, -3.0, -4.0, -5.0))])
     assert metrics.logprob_gap_max >= metrics.logprob_gap > 0
+
+
+def test_the_nll_objective_raises_the_likelihood_of_the_tokens_and_reports_it(tmp_path):
+    learner = make_learner(tmp_path)
+    before = sum(learner.logprobs(PROMPT, COMPLETION))
+    first = learner.step([sample()], objective="nll")
+    assert first.loss == pytest.approx(-before / len(COMPLETION), rel=1e-4)
+    assert sum(learner.logprobs(PROMPT, COMPLETION)) > before
+    with pytest.raises(ValueError, match="unknown objective"):
+        learner.step([sample()], objective="dpo")
+
+
+def test_a_fresh_learner_starts_from_a_saved_adapter_as_version_one(tmp_path):
+    trained = make_learner(tmp_path / "a")
+    trained.step([sample()])
+    saved = trained.save_adapter()
+    fresh = make_learner(tmp_path / "b", seed=1)
+    assert fresh.logprobs(PROMPT, COMPLETION) != pytest.approx(trained.logprobs(PROMPT, COMPLETION))
+    published = fresh.start_from(tmp_path / "a")  # a run directory: its newest adapter
+    assert (fresh.version, fresh.step_count) == (1, 0)
+    assert published == tmp_path / "b" / "adapters" / "v1"
+    assert fresh.logprobs(PROMPT, COMPLETION) == pytest.approx(
+        trained.logprobs(PROMPT, COMPLETION), abs=1e-5
+    )
+    assert resolve_adapter(saved) == saved
+
+
+def test_an_adapter_of_another_shape_or_none_at_all_is_refused(tmp_path):
+    trained = make_learner(tmp_path / "a")
+    trained.save_adapter()
+    other = Learner("tiny", TrainerConfig(lora_rank=8, lora_alpha=16), tmp_path / "b")
+    with pytest.raises(ValueError, match="trainer.lora_rank"):
+        other.start_from(tmp_path / "a")
+    with pytest.raises(ValueError, match="neither a LoRA adapter"):
+        resolve_adapter(tmp_path / "nothing")

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from trainers.losses import clip_fraction, clipped_policy_loss, kl_to_base
+from trainers.losses import clip_fraction, clipped_policy_loss, kl_to_base, nll_loss
 
 LN = math.log
 
@@ -76,3 +76,12 @@ def test_clip_fraction_counts_tokens_outside_the_range():
     logprobs = torch.tensor([[LN(1.5), 0.0, LN(0.5), 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     assert clip_fraction(logprobs, torch.zeros(1, 4), mask) == pytest.approx(2 / 3)
+
+
+def test_nll_loss_is_the_mean_negative_log_likelihood_of_the_steps_tokens():
+    # two rows, the second's last position padding; the step has 4 tokens in all, one of
+    # them in another micro-batch: -(ln .5 + ln .25 + ln 1) / 4
+    logprobs = torch.tensor([[LN(0.5), LN(0.25)], [0.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss = nll_loss(logprobs, mask, total_tokens=4)
+    assert loss.item() == pytest.approx(-(LN(0.5) + LN(0.25)) / 4, abs=1e-6)

@@ -45,9 +45,23 @@ MIXTURE = [
 ]
 
 
+# The tests' own defaults: chat with the self-judge, no warm start, no evaluation (the main
+# job's defaults, arith with a warm start and evaluation, are too slow to repeat per test).
+TEST_DEFAULTS = ["method=combine", "judge=self", "sft.warm_start_steps=0", "eval.episodes=0"]
+
+
 def train(run_dir, *overrides, wait=True):
-    chat = [] if any(o.startswith("env=") for o in overrides) else [TINY_CHAT]
-    command = [sys.executable, "-m", "trainers.run", *TINY, *chat, f"run_dir={run_dir}", *overrides]
+    chat = [] if any(o.startswith("env=") for o in overrides) else ["env=chat", TINY_CHAT]
+    command = [
+        sys.executable,
+        "-m",
+        "trainers.run",
+        *TINY,
+        *TEST_DEFAULTS,
+        *chat,
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
     if not wait:
         return subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -181,6 +195,14 @@ def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_pa
             lambda c: (setattr(c.method, "name", "opd"), setattr(c.judge, "kind", "env")),
             "LLM judge",
         ),
+        (
+            lambda c: (
+                setattr(c.env["chat"], "outcome_weight", 0.0),
+                setattr(c.judge, "kind", "env"),
+            ),
+            "no outcome to learn from",
+        ),
+        (lambda c: setattr(c.sft, "warm_start_steps", -1), "warm_start_steps"),
         (lambda c: setattr(c.trainer, "clip_low", 1.5), "clip_low"),
         (lambda c: setattr(c.trainer, "max_backlog", 4), "max_backlog"),
         (lambda c: setattr(c.env["chat"], "users", "robots"), "env.chat.users"),

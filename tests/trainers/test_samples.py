@@ -100,13 +100,26 @@ def test_step_score_and_outcome_mix_with_the_env_weights():
 
 def test_a_judge_that_is_the_outcome_counts_it_once():
     method = MethodConfig(use_judge=True, use_env_reward=True)
-    assert reward_weights(EnvConfig(), method, "env") == RewardWeights(1.0, 0.0)
+    assert reward_weights(EnvConfig(), method, "env") == RewardWeights(0.0, 1.0)
+    assert reward_weights(EnvConfig(judge_weight=2.0), method, "env") == RewardWeights(0.0, 2.0)
     assert reward_weights(EnvConfig(), method, "self") == RewardWeights(1.0, 1.0)
     judge_off = MethodConfig(use_judge=False)
     assert reward_weights(EnvConfig(), judge_off, "env") == RewardWeights(0.0, 1.0)
     chat = EnvConfig(outcome_weight=0.0, judge_weight=2.0)
     assert reward_weights(chat, method, "self") == RewardWeights(2.0, 0.0)
     assert reward_weights(None, method, "self") == RewardWeights(1.0, 0.0)  # live
+
+
+def test_the_env_judge_contrasts_a_failed_rollout_of_a_0_1_task_with_solved_ones():
+    # the env judge scores a failure 0 (the sign of a 0 outcome): taken as the outcome, the
+    # failure is a reward of 0 below its group's mean of 0.75, not a masked tie
+    found = sessions(("a", "g", 1.0), ("b", "g", 1.0), ("c", "g", 1.0), ("d", "g", 0.0))
+    scores = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}
+    judged = [(n, turn(sid, score=scores[sid])) for n, sid in enumerate("abcd", start=1)]
+    weights = {"e": reward_weights(EnvConfig(), MethodConfig(), "env")}
+    result = run(judged, found, weights=weights)
+    advantages = {s.seq: s.advantages[0] for s in result.samples}
+    assert advantages == pytest.approx({1: 0.25, 2: 0.25, 3: 0.25, 4: -0.75})
 
 
 def test_each_session_takes_its_own_envs_weights_in_a_mixture():

@@ -1,0 +1,265 @@
+"""Does a policy learn in the agentic environments? Held-out pass@1, with its 95% Wilson
+interval, of the base model, after supervised fine-tuning on the env's reference
+demonstrations, and after RL started from that SFT adapter (`binary` on the env's outcome,
+`combine` with the self-judge's step-wise scores and hints beside the outcome).
+
+    python -m benchmarks.agentic_learning [--envs toolcall terminal] [--model smollm2-135m]
+        [--methods binary combine] [--demonstrations 160] [--sft-steps 30] [--rl-steps 12]
+        [--eval-episodes 60] [--out runs/agentic-learning]
+
+Every stage is an ordinary training run (`python -m trainers.run`, its directory under
+`--out`), so each can be inspected, resumed, or put on the leaderboard
+(`benchmarks.run policy=adapter:RUN_DIR@all`); a stage whose run finished is not run again.
+The scores are the runs' own held-out evaluations (`eval.episodes` tasks of the test split,
+evenly spaced, greedy): the SFT run's "before" is the base model, its "after" the SFT
+adapter, which is also every RL run's "before" (the same tasks; a check that the RL run
+starts where SFT ended). Prints a table per env and method and draws `learning.png`, pass@1
+against training steps with the intervals.
+
+Envs: `toolcall` is ToolCall-v0 on BFCL's single-turn categories; `terminal` is
+Terminal-v0 on InterCode-ALFA's bash tasks in bubblewrap, five turns an episode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from trainers.metrics import read_metrics
+
+logger = logging.getLogger(__name__)
+
+ENVS: dict[str, tuple[str, ...]] = {
+    "toolcall": ("env=toolcall", "env.toolcall.kwargs.tasks=bfcl_single_turn"),
+    "terminal": (
+        "env=terminal",
+        "env.terminal.kwargs.sandbox=bwrap",
+        "env.terminal.kwargs.max_turns=5",
+    ),
+}
+"""Each env's overrides of `trainers.run`."""
+
+RL_METHODS: dict[str, tuple[str, ...]] = {
+    "binary": ("method=binary", "judge=env"),
+    "combine": ("method=combine", "judge=self"),
+}
+"""Each RL method's overrides: binary learns from the env's outcome alone; combine adds
+the self-judge's per-turn scores and its hints (on-policy distillation)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training run of the benchmark."""
+
+    env: str
+    name: str
+    """sft, or an RL method."""
+    overrides: tuple[str, ...]
+
+    def run_dir(self, out: Path) -> Path:
+        return out / f"{self.env}-{self.name}"
+
+
+def stages(args: argparse.Namespace) -> list[Stage]:
+    """Each env's SFT run, then its RL runs from the SFT adapter, in that order."""
+    common = (
+        f"model={args.model}",
+        f"eval.episodes={args.eval_episodes}",
+        f"seed={args.seed}",
+    )
+    planned = []
+    for env in args.envs:
+        planned.append(
+            Stage(
+                env,
+                "sft",
+                (
+                    *ENVS[env],
+                    *common,
+                    "method=sft",
+                    f"sft.episodes={args.demonstrations}",
+                    f"trainer.max_steps={args.sft_steps}",
+                    f"sft.lr={args.sft_lr}",
+                    f"eval.every={max(args.sft_steps // 2, 1)}",
+                ),
+            )
+        )
+    for method in args.methods:
+        for env in args.envs:
+            sft_dir = Stage(env, "sft", ()).run_dir(args.out)
+            planned.append(
+                Stage(
+                    env,
+                    method,
+                    (
+                        *ENVS[env],
+                        *common,
+                        *RL_METHODS[method],
+                        f"trainer.init_adapter={sft_dir}",
+                        "sft.warm_start_steps=0",  # it starts from the SFT run instead
+                        f"trainer.max_steps={args.rl_steps}",
+                        f"trainer.lr={args.rl_lr}",
+                        f"eval.every={max(args.rl_steps // 3, 1)}",
+                    ),
+                )
+            )
+    return planned
+
+
+def run_stage(stage: Stage, out: Path) -> dict[str, Any]:
+    """Runs one stage (unless its run finished before) and returns its summary."""
+    run_dir = stage.run_dir(out)
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "trainers.run", *stage.overrides, f"run_dir={run_dir}"]
+        logger.info("%s %s: %s", stage.env, stage.name, " ".join(command[1:]))
+        started = time.monotonic()
+        with open(run_dir / "benchmark.log", "a") as log:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{stage.env} {stage.name} failed (exit {done.returncode}); see "
+                f"{run_dir / 'benchmark.log'}"
+            )
+        logger.info("%s %s done in %.0f s", stage.env, stage.name, time.monotonic() - started)
+    result: dict[str, Any] = json.loads(summary.read_text())
+    return result
+
+
+def curve(run_dir: Path, env: str) -> list[dict[str, Any]]:
+    """The run's held-out evaluations of `env`, in step order."""
+    return [r for r in read_metrics(run_dir) if r.get("env") == env and "eval_pass_at_1" in r]
+
+
+def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
+    """One row per env and policy: base, SFT, and SFT + each RL method."""
+    grid = Table(title="held-out pass@1 (95% Wilson interval)")
+    for column in ("env", "policy", "pass@1", "95% interval", "n", "steps", "train wall s"):
+        grid.add_column(column, justify="left" if column in ("env", "policy") else "right")
+    for stage, summary in results:
+        scores = summary["held_out"][stage.env]
+        rows = [("base", scores["before"], 0, 0.0)] if stage.name == "sft" else []
+        label = "SFT" if stage.name == "sft" else f"SFT + {stage.name}"
+        rows.append((label, scores["after"], summary["steps"], summary["wall_s"]))
+        if stage.name != "sft":
+            rows.insert(0, ("  (its start: SFT)", scores["before"], 0, 0.0))
+        for policy, score, steps, wall in rows:
+            grid.add_row(
+                stage.env,
+                policy,
+                f"{score['pass_at_1']:.3f}",
+                f"[{score['low']:.3f}, {score['high']:.3f}]",
+                str(score["episodes"]),
+                str(steps),
+                f"{wall:.0f}" if wall else "-",
+            )
+    return grid
+
+
+def plot(results: list[tuple[Stage, dict[str, Any]]], out: Path, sft_steps: int) -> Path:
+    """pass@1 against training steps per env: SFT from step 0, each RL run from where SFT
+    ended; the bands are the 95% intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(stage.env for stage, _ in results))
+    figure, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
+    for panel, env in zip(axes[0], envs, strict=True):
+        for stage, _ in (r for r in results if r[0].env == env):
+            points = curve(stage.run_dir(out), env)
+            offset = 0 if stage.name == "sft" else sft_steps
+            steps = [p["step"] + offset for p in points]
+            panel.plot(steps, [p["eval_pass_at_1"] for p in points], marker="o", label=stage.name)
+            panel.fill_between(
+                steps,
+                [p["eval_low"] for p in points],
+                [p["eval_high"] for p in points],
+                alpha=0.15,
+            )
+        panel.axvline(sft_steps, color="grey", linestyle=":", linewidth=1)
+        panel.set_title(env)
+        panel.set_xlabel("training step (SFT, then RL)")
+        panel.set_ylabel("held-out pass@1")
+        panel.set_ylim(0, 1)
+        panel.legend()
+    figure.tight_layout()
+    path = out / "learning.png"
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+LEADERBOARD_SETS = {"toolcall": "toolcall/bfcl-test", "terminal": "terminal/icalfa-test"}
+"""Each env's leaderboard task set (`benchmarks/leaderboard/suites.py`)."""
+
+
+def leaderboard(
+    results: list[tuple[Stage, dict[str, Any]]], out: Path, limit: int, model: str
+) -> None:
+    """Puts every run's final adapter on the leaderboard page (`benchmarks.run`), per env,
+    beside the base model, on `limit` tasks of the env's held-out task set."""
+    for env in dict.fromkeys(stage.env for stage, _ in results):
+        adapters = [f"adapter:{s.run_dir(out)}@latest" for s, _ in results if s.env == env]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            f"suite={LEADERBOARD_SETS[env]}",
+            f"limit={limit}",
+            f"policy=[{','.join([model, *adapters])}]",
+            f"out_dir={out / 'leaderboard'}",
+        ]
+        logger.info("leaderboard: %s", " ".join(command[2:]))
+        subprocess.run(command, check=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    parser.add_argument("--methods", nargs="+", default=list(RL_METHODS), choices=list(RL_METHODS))
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--demonstrations", type=int, default=160, help="per env")
+    parser.add_argument("--sft-steps", type=int, default=30)
+    parser.add_argument("--sft-lr", type=float, default=5e-4)
+    parser.add_argument("--rl-steps", type=int, default=12)
+    parser.add_argument("--rl-lr", type=float, default=1e-4)
+    parser.add_argument("--eval-episodes", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs/agentic-learning"))
+    parser.add_argument(
+        "--leaderboard",
+        type=int,
+        default=0,
+        metavar="TASKS",
+        help="also put every run on the leaderboard page, on this many held-out tasks",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for stage in stages(args):
+        try:
+            results.append((stage, run_stage(stage, args.out)))
+        except RuntimeError as error:  # one env's failure leaves the others' results
+            logger.error("%s", error)
+    Console().print(table(results))
+    logger.info("curves: %s", plot(results, args.out, args.sft_steps))
+    if args.leaderboard:
+        leaderboard(results, args.out, args.leaderboard, args.model)
+
+
+if __name__ == "__main__":
+    main()

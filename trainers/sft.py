@@ -1,0 +1,213 @@
+"""Supervised fine-tuning (`method=sft`): the negative log-likelihood of demonstrations.
+
+Demonstrations are sessions of the run's store marked as such (`agents.demonstrations`):
+recorded at the start of the run by each env's reference agent, or imported from a parquet
+export of any store. Each optimiser step takes the next `trainer.batch_turns` of their main
+turns in a seeded order that is reshuffled every epoch; the position follows from the step
+count alone, so a resumed run goes on with the very batches it would have taken. Each step's
+adapter is published to the engine as RL's are, and the evaluator plays held-out tasks
+with it, so an SFT run reports its held-out score before and after like any run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+
+import gymnasium as gym
+
+from agents import models
+from agents.demonstrations import (
+    DEMONSTRATION,
+    NoReferenceAgent,
+    import_parquet,
+    record_demonstrations,
+)
+from agents.store import Store
+from agents.trajectory import Turn, TurnStatus, TurnType
+from trainers.config import SFTConfig, TrainerConfig
+from trainers.learner import Learner, StepMetrics, TrainSample
+from trainers.metrics import MetricsWriter
+from trainers.progress import Progress
+
+logger = logging.getLogger(__name__)
+
+REFERENCE = "reference"
+"""`sft.demonstrations` for the envs' reference agents."""
+
+
+def prepare_demonstrations(
+    sft: SFTConfig,
+    make_envs: Mapping[str, Callable[[], gym.Env]],
+    store: Store,
+    learner: Learner,
+    model_name: str,
+    seed: int,
+    context_length: int | None,
+) -> None:
+    """Puts the run's demonstrations into its store, once: a resumed run finds them there.
+
+    Reference demonstrations are scored by the learner's current policy (their stored
+    log-probs), whose version they carry.
+    """
+    if any(DEMONSTRATION in s.metadata for s in store.sessions()):
+        return
+    if sft.demonstrations != REFERENCE:
+        import_parquet(store, sft.demonstrations)
+        return
+    tokenizer = models.load_tokenizer(model_name)
+    for name, make in make_envs.items():
+        try:
+            record_demonstrations(
+                make,
+                name,
+                store,
+                tokenizer,
+                sft.episodes,
+                learner.logprobs,
+                version=learner.version,
+                seed=seed,
+                context_length=context_length,
+            )
+        except NoReferenceAgent as missing:  # the other envs may still demonstrate
+            logger.warning("no demonstrations of %s: %s", name, missing)
+
+
+class SFTLoop:
+    """Takes optimiser steps on the store's demonstrations.
+
+    Args:
+        trainer: batch size (`batch_turns`).
+        sft: which demonstrations train.
+        learner: the LoRA learner.
+        store: the run's store, holding the demonstrations.
+        publish: hands a new adapter version to the server.
+        progress: the run's counters.
+        metrics: where each step's row goes.
+        seed: seeds the order of each epoch.
+    """
+
+    def __init__(
+        self,
+        trainer: TrainerConfig,
+        sft: SFTConfig,
+        learner: Learner,
+        store: Store,
+        publish: Callable[[str, int], None],
+        progress: Progress,
+        metrics: MetricsWriter | None,
+        seed: int,
+    ):
+        self.trainer, self.sft, self.learner, self.store = trainer, sft, learner, store
+        self.publish, self.progress, self.metrics, self.seed = publish, progress, metrics, seed
+        self._turns: list[tuple[int, Turn]] | None = None
+        self._started = time.monotonic()
+
+    def demonstrations(self) -> list[tuple[int, Turn]]:
+        """The main turns that train, by store seq (read once: they never change).
+
+        Raises:
+            ValueError: there are none.
+        """
+        if self._turns is None:
+            floor = self.sft.min_outcome_reward
+            chosen = {
+                s.session_id
+                for s in self.store.sessions()
+                if DEMONSTRATION in s.metadata
+                and (floor is None or (s.outcome_reward is not None and s.outcome_reward > floor))
+            }
+            self._turns = [
+                (seq, turn)
+                for seq, turn in self.store.turns(turn_type=TurnType.MAIN)
+                if turn.session_id in chosen and turn.completion_token_ids
+            ]
+            if not self._turns:
+                raise ValueError(
+                    "no demonstration to learn from: every one failed its task, or none was "
+                    "recorded (sft.min_outcome_reward=null keeps failed ones)"
+                )
+            logger.info("%d demonstration turns from %d sessions", len(self._turns), len(chosen))
+        return self._turns
+
+    def retire(self) -> None:
+        """Drops the demonstration turns no step trained, so that an RL method that
+        follows never judges or trains them as rollouts."""
+        sessions = {s.session_id for s in self.store.sessions() if DEMONSTRATION in s.metadata}
+        leftover = [
+            seq
+            for seq, turn in self.store.turns(status=TurnStatus.COLLECTED)
+            if turn.session_id in sessions
+        ]
+        self.store.mark_trained(leftover, TurnStatus.DROPPED)
+
+    def batch(self, step: int) -> list[tuple[int, Turn]]:
+        """The turns of optimiser step `step` (from 0): `batch_order` over the
+        demonstrations."""
+        turns = self.demonstrations()
+        order = batch_order(len(turns), self.trainer.batch_turns, step, self.seed)
+        return [turns[i] for i in order]
+
+    def step(self) -> StepMetrics | None:
+        """One optimiser step on the next batch of demonstrations."""
+        batch = self.batch(self.learner.step_count)
+        samples = [
+            TrainSample(
+                seq,
+                turn.prompt_token_ids,
+                turn.completion_token_ids,
+                turn.completion_logprobs,
+                (1.0,) * len(turn.completion_token_ids),
+                turn.policy_version,
+            )
+            for seq, turn in batch
+        ]
+        metrics = self.learner.step(samples, objective="nll", lr=self.sft.lr)
+        adapter = self.learner.save_adapter()
+        self.learner.save_checkpoint({"trained_turns": self.progress.turns_trained + len(batch)})
+        self.store.mark_trained([seq for seq, _ in batch])
+        self.publish(str(adapter), self.learner.version)
+        self.progress.turns_trained += len(batch)
+        self.progress.steps.append(metrics)
+        epoch = (metrics.step * self.trainer.batch_turns) / len(self.demonstrations())
+        if self.metrics is not None:
+            self.metrics.write(
+                metrics.step,
+                asdict(metrics)
+                | {
+                    "elapsed_s": round(time.monotonic() - self._started, 3),
+                    "epoch": round(epoch, 3),
+                    "demonstrations": len(self.demonstrations()),
+                },
+            )
+        logger.info(
+            "sft step %d: nll %.4f over %d tokens, epoch %.2f, %.1fs",
+            metrics.step,
+            metrics.loss,
+            metrics.tokens,
+            epoch,
+            metrics.seconds,
+        )
+        return metrics
+
+
+def batch_order(count: int, batch: int, step: int, seed: int) -> list[int]:
+    """Indices (into `count` items) of step `step`'s batch of `batch`: consecutive slices of
+    a seeded permutation per epoch, an epoch's tail continuing into the next one's head, so
+    every item is seen once per epoch and a batch is never short."""
+    indices = []
+    for position in range(step * batch, (step + 1) * batch):
+        epoch, offset = divmod(position, count)
+        indices.append(_permutation(count, seed + epoch)[offset])
+    return indices
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(count: int, seed: int) -> tuple[int, ...]:
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return tuple(order)
