@@ -272,6 +272,11 @@ def run_config(args: argparse.Namespace, engine: str) -> RunConfig:
         *engine_overrides[engine],
         f"sampling.max_tokens={args.max_tokens}",
         f"seed={args.seed}",
+        # rollouts alone: chat has no outcome for the main job's judge=env, and no warm start
+        # or held-out evaluation belongs in a rollout's timing
+        "judge=self",
+        "sft.warm_start_steps=0",
+        "eval.episodes=0",
         f"env=[{','.join(args.envs)}]",
         *(f"env.{name}.max_tokens={args.max_tokens}" for name in args.envs),
         *(["env.terminal.kwargs.sandbox=bwrap"] if "terminal" in args.envs else []),
