@@ -169,14 +169,14 @@ class ScriptedPolicy:
                 f"a demonstration's prompt of {len(prompt_ids)} tokens and reply of "
                 f"{len(completion_ids)} are past the context of {self.context_length}"
             )
-        body = self.tokenizer.decode(completion_ids[:-1])
+        # what the policy's tokens parse back to: the action as the env receives it
+        message = assistant_message(self.tokenizer.decode(completion_ids[:-1]), tools)
         return Completion(
-            # what the policy's tokens parse back to: the action as the env receives it
-            message=assistant_message(body, tools),
+            message=message,
             prompt_token_ids=tuple(prompt_ids),
             completion_token_ids=tuple(completion_ids),
             completion_logprobs=tuple(float(x) for x in self.score(prompt_ids, completion_ids)),
-            finish_reason="tool_calls" if "<tool_call>" in body else "stop",
+            finish_reason="tool_calls" if message.get("tool_calls") else "stop",
             policy_version=self.version,
             text=self.tokenizer.decode(completion_ids, skip_special_tokens=False),
         )
