@@ -125,9 +125,12 @@ def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID
         model_name=model_name,
         env_id=env_id,
         api_key=serve_key(serve),
+        admin_key=serve.admin_key or os.environ.get("CLAWGYM_ADMIN_KEY") or None,
         default_turn_type=TurnType(serve.turn_type),
         max_tokens=serve.max_tokens,
         session_idle_s=serve.session_idle_s,
+        idle_timeout_s=serve.idle_timeout_s,
+        request_timeout_s=serve.request_timeout_s,
     )
 
 
@@ -145,7 +148,8 @@ def serve_policy(
     env_id: str = LIVE_ENV_ID,
 ) -> Iterator[tuple[str, Proxy]]:
     """Serves `engine` behind the token-exact proxy from a thread of this process, on
-    `serve.host:serve.port` (port 0: any free one); yields its base URL and the proxy."""
+    `serve.host:serve.port` (port 0: any free one); yields its base URL and the proxy (its
+    `admin_key` is what the admin routes take: `ProxySeat(..., admin_key=proxy.admin_key)`)."""
     from agents.serve import in_thread
 
     validate_serve(serve)

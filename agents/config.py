@@ -130,6 +130,9 @@ class ServeSection:
     """Listening port (0: any free port, logged at start)."""
     api_key: str | None = None
     """Bearer key clients must send (required beyond loopback; or $CLAWGYM_API_KEY)."""
+    admin_key: str | None = None
+    """Bearer key of the /admin routes (or $CLAWGYM_ADMIN_KEY); none: one is generated at
+    start and logged."""
     turn_type: str = "main"
     """Turn type of requests without `X-Turn-Type`: main turns train, side turns do not."""
     max_tokens: int = 512
@@ -137,6 +140,10 @@ class ServeSection:
     session_idle_s: float = 600.0
     """A session idle this long has its replies that nothing followed masked (judged
     empty), so the judge moves on without them."""
+    idle_timeout_s: float = 30.0
+    """A connection without a request under way is closed after this long."""
+    request_timeout_s: float = 60.0
+    """A request must arrive whole (head and body) within this long of its first byte."""
     log_level: str = "info"
     """`python -m agents.serve`: the server's log level."""
 
@@ -174,8 +181,14 @@ def validate_serve(serve: ServeSection) -> None:
         raise ValueError(f"serve.turn_type must be main or side, got {serve.turn_type!r}")
     if not 0 <= serve.port < 65536:
         raise ValueError(f"serve.port must be in 0..65535, got {serve.port}")
-    if not serve.session_idle_s > 0:
-        raise ValueError(f"serve.session_idle_s must be positive, got {serve.session_idle_s}")
+    limits = {
+        "session_idle_s": serve.session_idle_s,
+        "idle_timeout_s": serve.idle_timeout_s,
+        "request_timeout_s": serve.request_timeout_s,
+    }
+    for name, limit in limits.items():
+        if not limit > 0:
+            raise ValueError(f"serve.{name} must be positive, got {limit}")
     if not serve.api_key and not is_loopback(serve.host):
         raise ValueError(
             f"serve.host={serve.host} is beyond loopback: set serve.api_key=... (or "

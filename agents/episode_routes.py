@@ -12,6 +12,7 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
   environment's reward of each, `status` is `done` (default), `truncated` or `failed`, and
   `reason` says why it ended (kept in the session's metadata as `end_reason`).
 
+Both are admin routes: they need the proxy's admin key and a JSON body (`agents.proxy`).
 `agents.rollout.ProxySeat` is the client side.
 """
 
@@ -40,7 +41,7 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
 
     @routes.post("/admin/sessions")
     async def open_session(request: Request) -> dict[str, Any]:
-        proxy.check_key(request.headers)
+        proxy.check_admin(request.headers)
         session = _session(api.json_object(await request.body()))
         await proxy._checkpoints.writable()
         try:
@@ -51,7 +52,7 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
 
     @routes.post("/admin/sessions/{session_id}/end")
     async def end_session(request: Request, session_id: str) -> dict[str, Any]:
-        proxy.check_key(request.headers)
+        proxy.check_admin(request.headers)
         body = api.json_object(await request.body())
         messages, rewards = _messages(body), _rewards(body)
         outcome, status, reason = _outcome(body), _status(body), _reason(body)

@@ -20,6 +20,16 @@ its response completes (for a stream, before the chunk carrying `finish_reason`,
 Bad input is a 4xx with OpenAI's error body (`agents.chat_request` validates requests,
 `agents.openai_api` builds errors and responses). A bearer API key is checked when one is
 configured (`agents.serve` requires one beyond loopback).
+
+The admin routes change what is served and what is trained on, so they need more than
+loopback: any web page open on this machine can reach loopback (a `text/plain` POST is sent
+cross-site without asking). An admin request needs the admin key as its bearer token
+(`ProxyConfig.admin_key`, else one generated at start, logged once, and in process
+`Proxy.admin_key`) and a JSON body (`Content-Type: application/json`, which a page cannot
+send cross-site without the server's consent, never given: no route sends CORS headers);
+and any request from a web page (an `Origin` header, or `Sec-Fetch-Site` other than
+`none`) is refused with a 403, so a page can neither call the proxy nor, through DNS
+rebinding, read from it.
 """
 
 from __future__ import annotations
@@ -54,7 +64,14 @@ from agents.engines.base import (
 )
 from agents.episode_routes import add_episode_routes
 from agents.http_protocol import CONNECTION_LOST
-from agents.sessions import SessionEnded, SessionInfo, SessionRefused, SessionTracker, identify
+from agents.sessions import (
+    SessionEnded,
+    SessionInfo,
+    SessionNotOwned,
+    SessionRefused,
+    SessionTracker,
+    identify,
+)
 from agents.store import Store
 from agents.trajectory import TurnType
 
@@ -76,7 +93,10 @@ class ProxyConfig:
     model_name: str = "policy"
     """Also accepted as a name of the policy (besides `policy`)."""
     api_key: str | None = None
-    """Bearer token every /v1 and /admin request must carry; None: no check."""
+    """Bearer token every /v1 request must carry; None: no check."""
+    admin_key: str | None = None
+    """Bearer token every /admin request must carry, on loopback too; None: one is
+    generated at start and logged (`Proxy.admin_key` in process)."""
     default_turn_type: TurnType = TurnType.MAIN
     """The turn type of requests that do not say."""
     max_tokens: int = 512
@@ -88,12 +108,20 @@ class ProxyConfig:
     ended with an empty next state (so the judge can let them go) and leaves memory."""
     max_body_bytes: int = 32 << 20
     """Larger request bodies are refused (413) before they are parsed."""
+    idle_timeout_s: float = 30.0
+    """A connection without a request under way is closed after this long. Longer than
+    httpx's 5 s keep-alive (the openai client's), so that a client closes its idle
+    connections first: a request sent on one as the server closes it fails."""
+    request_timeout_s: float = 60.0
+    """A request's head and body must arrive within this long of its first byte, else the
+    connection is closed (32 MB at 1 MB/s takes half of it)."""
 
     def __post_init__(self) -> None:
-        if not self.session_idle_s > 0 or self.max_body_bytes < 1:
+        limits = (self.session_idle_s, self.idle_timeout_s, self.request_timeout_s)
+        if not all(limit > 0 for limit in limits) or self.max_body_bytes < 1:
             raise ValueError(
-                f"session_idle_s and max_body_bytes must be positive, got "
-                f"{self.session_idle_s} and {self.max_body_bytes}"
+                f"session_idle_s, idle_timeout_s, request_timeout_s and max_body_bytes must "
+                f"be positive, got {limits} and {self.max_body_bytes}"
             )
 
 
@@ -110,6 +138,8 @@ class Proxy:
     def __init__(self, engine: Engine, store: Store, config: ProxyConfig | None = None):
         self.engine, self.store = engine, store
         self.config = config or ProxyConfig()
+        self.admin_key = self.config.admin_key or _generated_admin_key()
+        """The bearer key of the /admin routes (for in-process clients: `ProxySeat`)."""
         self.sessions = SessionTracker(store, self.config.env_id)
         self._publish = threading.Lock()
         self._checkpoints = _Checkpoints(store)
@@ -130,11 +160,27 @@ class Proxy:
         Starlette's HTTP middleware costs about a millisecond a request); `headers` have
         lower-case names."""
         key = self.config.api_key
-        if not key:
-            return
-        scheme, _, given = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), key):
+        if key and not _bearer_is(headers, key):
             raise api.ApiError(401, "a valid API key is required", code="invalid_api_key")
+
+    def check_admin(self, headers: Mapping[str, str]) -> None:
+        """Refuses an admin write without the admin key (401) or with a body that is not
+        declared JSON (415: a web page can send `text/plain` anywhere without asking)."""
+        if not _bearer_is(headers, self.admin_key):
+            raise api.ApiError(
+                401,
+                "the admin key is required (Authorization: Bearer KEY): set it with "
+                "serve.admin_key or CLAWGYM_ADMIN_KEY, or read the one the proxy logged",
+                code="invalid_admin_key",
+            )
+        media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise api.ApiError(
+                415,
+                f"an admin request's body must be Content-Type: application/json, got "
+                f"{media_type or 'none'!r}",
+                code="unsupported_media_type",
+            )
 
     # -- chat completions ----------------------------------------------------------------
     async def chat(
@@ -270,6 +316,10 @@ class _Turn:
         except SessionEnded as error:
             raise api.ApiError(
                 409, str(error), param="X-Session-Id", code="session_ended"
+            ) from error
+        except SessionNotOwned as error:
+            raise api.ApiError(
+                403, str(error), param="X-Session-Done", code="session_not_owned"
             ) from error
 
     async def complete(self, scope: Scope, receive: Receive) -> dict[str, Any]:
@@ -510,7 +560,7 @@ def _build_app(proxy: Proxy) -> ASGIApp:
 
     @routes.post("/admin/adapters")
     async def publish(request: Request) -> dict[str, Any]:
-        proxy.check_key(request.headers)
+        proxy.check_admin(request.headers)
         body = api.json_object(await request.body())
         path, version = body.get("path"), body.get("version")
         if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
@@ -526,7 +576,10 @@ def _build_app(proxy: Proxy) -> ASGIApp:
     add_episode_routes(routes, proxy)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+        if scope["type"] == "http" and _from_a_page(scope["headers"]):
+            refused = api.error_body("requests from web pages are refused", code="cross_origin")
+            await _Json(refused, status=403)(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
             await _chat_completions(proxy, scope, receive, send)
         else:
             await routes(scope, receive, send)
@@ -571,6 +624,35 @@ async def _body(receive: Receive, limit: int) -> bytes:
             raise api.ApiError(413, f"the body is over {limit} bytes", code="request_too_large")
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _generated_admin_key() -> str:
+    """A fresh admin key, logged once so that the operator can use it (at WARNING: seen at
+    every log level `agents.serve` offers but error)."""
+    key = secrets.token_urlsafe(24)
+    logger.warning(
+        "no admin key configured (serve.admin_key, CLAWGYM_ADMIN_KEY): the /admin routes "
+        "take this one: %s",
+        key,
+    )
+    return key
+
+
+def _bearer_is(headers: Mapping[str, str], key: str) -> bool:
+    """Whether the request's `Authorization` is `Bearer <key>` (compared in constant time)."""
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip(), key)
+
+
+def _from_a_page(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether a web page sent the request: browsers add `Origin` to every cross-site
+    request that may change something (and to same-origin POSTs, DNS rebinding's), and
+    `Sec-Fetch-Site` to every request (`none` when a person typed the address). The openai
+    client, OpenClaw (Node's fetch) and curl send neither."""
+    for name, value in headers:
+        if name == b"origin" or (name == b"sec-fetch-site" and value != b"none"):
+            return True
+    return False
 
 
 def _model_card(name: str) -> dict[str, Any]:

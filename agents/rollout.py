@@ -192,7 +192,10 @@ def run_episode(
     except BaseException as broken:
         _end_quietly(seat, session_id, messages, rewards, total, broken)
         raise
-    if early is None and step_info.get("aborted") is not None:
+    if early is None and step_info.get("failed") is not None:
+        # the env broke (an exception it turned into the end of the episode)
+        early = SessionStatus.FAILED, f"the environment failed: {step_info['failed']}"
+    elif early is None and step_info.get("aborted") is not None:
         # the env cut the episode off (a browser that crashed): data, with its reason
         early = SessionStatus.TRUNCATED, f"aborted: {step_info['aborted']}"
     status, reason = early or (SessionStatus.DONE, _env_end(terminated))
@@ -378,6 +381,8 @@ class ProxySeat:
         timeout: seconds one request may take (a long agentic turn on a CPU takes minutes).
         turn_type: the turns' type: main turns train; side turns (held-out evaluation) are
             stored but never judged or trained.
+        admin_key: the proxy's admin key, which its episode routes take (`Proxy.admin_key`
+            in process).
     """
 
     def __init__(
@@ -386,16 +391,18 @@ class ProxySeat:
         api_key: str | None = None,
         timeout: float = 1800.0,
         turn_type: TurnType = TurnType.MAIN,
+        *,
+        admin_key: str,
     ):
         self.base_url = base_url.rstrip("/")
         self.turn_type = turn_type
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No retries: a retried turn would be sampled (and recorded) twice.
         self.client = openai.OpenAI(
             base_url=self.base_url, api_key=api_key or "none", max_retries=0, timeout=timeout
         )
         root = self.base_url.removesuffix("/v1")
-        self._admin = httpx.Client(base_url=root, headers=headers, timeout=60.0)
+        admin = {"Authorization": f"Bearer {admin_key}"}
+        self._admin = httpx.Client(base_url=root, headers=admin, timeout=60.0)
 
     def open(self, session: Session) -> None:
         body = {

@@ -9,11 +9,15 @@ Hydra composes `ServeRunConfig` from `agents/conf/serve.yaml` and the shared gro
 (`model/`, `engine/`) that `trainers.run` and `benchmarks.run` compose too; the components
 come from `agents.compose`. The server binds 127.0.0.1 by default; binding beyond loopback
 needs `serve.api_key=...` (or `CLAWGYM_API_KEY`). Clients use `http://HOST:PORT/v1` with model
-`policy` (or `base`, the adapter switched off). Ctrl-C stops the server and the engine.
+`policy` (or `base`, the adapter switched off). The admin routes (`POST /admin/adapters`...)
+take `serve.admin_key` (or `CLAWGYM_ADMIN_KEY`), else a key generated at start and logged.
+Connections idle for `serve.idle_timeout_s`, or slower than `serve.request_timeout_s` to send
+a request, are closed. Ctrl-C stops the server and the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -66,8 +70,6 @@ def in_thread(
     and the tests start the proxy); port 0 takes a free one. Yields the base URL (`.../v1`)."""
     import uvicorn
 
-    from agents.http_protocol import CoalescingHttpProtocol
-
     proxy = Proxy(engine, store, config)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -75,7 +77,7 @@ def in_thread(
     server = uvicorn.Server(
         uvicorn.Config(
             proxy.app,
-            http=CoalescingHttpProtocol,
+            http=_protocol(proxy.config),
             log_level="warning",
             lifespan="off",
             access_log=False,
@@ -101,7 +103,6 @@ def serve(config: ServeRunConfig) -> None:
     import uvicorn
 
     from agents.compose import build_engine, proxy_config, serve_key
-    from agents.http_protocol import CoalescingHttpProtocol
 
     section = dataclasses.replace(config.serve, api_key=serve_key(config.serve))
     validate_serve(section)
@@ -128,7 +129,7 @@ def serve(config: ServeRunConfig) -> None:
     try:
         uvicorn.run(
             proxy.app,
-            http=CoalescingHttpProtocol,
+            http=_protocol(proxy.config),
             host=section.host,
             port=section.port,
             log_level=level,
@@ -138,6 +139,14 @@ def serve(config: ServeRunConfig) -> None:
     finally:
         engine.close()
         proxy.store.close()
+
+
+def _protocol(config: ProxyConfig) -> type[asyncio.Protocol]:
+    """The HTTP protocol the proxy is served with: writes coalesced, connections that idle
+    or send slowly closed (`agents.http_protocol`)."""
+    from agents.http_protocol import http_protocol
+
+    return http_protocol(config.idle_timeout_s, config.request_timeout_s)
 
 
 ConfigStore.instance().store(name="serve_schema", node=ServeRunConfig)

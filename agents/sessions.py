@@ -34,14 +34,24 @@ proxy holds only its active sessions. A session the client closed with `X-Sessio
 final: a later request naming it is refused (`SessionEnded`). State is rebuilt from the
 store for a session not in memory (a restarted proxy, a user back after a pause).
 
+Only the client that opened a session may close it: a session belongs to the credential
+(the `Authorization` header) of the request that opened it, kept in its metadata as a
+salted hash (`OWNER`), so that it outlives the in-memory state; `X-Session-Done` from any
+other credential is refused (`SessionNotOwned`). Clients that share a key are one client
+to the proxy, and so are clients that send none. A session an episode's client opened
+(`SessionTracker.open`, the proxy's admin route) has no owner: its admin route ends it.
+
 Side turns (memory flushes, heartbeats, and every request to the base model) are recorded
 as `side` turns without a next state: served and kept for analysis, never trained.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -63,6 +73,8 @@ MAX_OPEN_ENDS = 64
 SEARCHED_ENDS = 8
 """Open ends whose reply is looked for anywhere in a new history, not only where expected."""
 _TRUE = {"1", "true", "yes", "on"}
+OWNER = "owner"
+"""The session metadata key of its owner's credential, salted and hashed (`owner_tag`)."""
 
 
 class SessionRefused(ValueError):
@@ -77,6 +89,10 @@ class SessionEnded(Exception):
     """A request names a session its client already closed with `X-Session-Done`."""
 
 
+class SessionNotOwned(Exception):
+    """A request would close a session another client opened."""
+
+
 @dataclass(frozen=True)
 class SessionInfo:
     """A request's place in a conversation."""
@@ -87,6 +103,8 @@ class SessionInfo:
     """The client closes the session with this request."""
     named: bool = True
     """The client named the session; False: the proxy minted the id."""
+    credential: str = field(default="", repr=False)
+    """The request's `Authorization` header: who is asking (`owner_tag`)."""
 
 
 def identify(
@@ -112,7 +130,23 @@ def identify(
         turn_type=TurnType(str(kind).lower()),
         done=str(done).lower() in _TRUE if done is not None else False,
         named=bool(session_id),
+        credential=headers.get("authorization", ""),
     )
+
+
+def owner_tag(credential: str, salt: bytes | None = None) -> str:
+    """`salt:sha256(salt + credential)`, hex: what a session keeps of its owner. Salted, so
+    the store never holds a key, nor a hash that a table of common keys would undo."""
+    salt = os.urandom(8) if salt is None else salt
+    return f"{salt.hex()}:{hashlib.sha256(salt + credential.encode()).hexdigest()}"
+
+
+def owned_by(tag: str | None, credential: str) -> bool:
+    """Whether `credential` is the one `tag` was made of (never, for no tag)."""
+    if not tag:
+        return False
+    salt, _, _ = tag.partition(":")
+    return secrets.compare_digest(owner_tag(credential, bytes.fromhex(salt)), tag)
 
 
 def checked_id(value: Any) -> str:
@@ -251,6 +285,8 @@ class _State:
     named: bool = True
     open_ends: list[_OpenEnd] = field(default_factory=list)
     seen: float = field(default_factory=time.monotonic)
+    owner: str | None = None
+    """`owner_tag` of the client that opened the session; None: its admin route ends it."""
 
 
 class SessionTracker:
@@ -278,6 +314,7 @@ class SessionTracker:
 
         Raises:
             SessionEnded: the session was closed by its client.
+            SessionNotOwned: the request would close a session another client opened.
         """
         kept: list[Mapping[str, Any]] = []
         if info.turn_type is TurnType.MAIN:
@@ -285,6 +322,11 @@ class SessionTracker:
             if not info.named and (continued := self._recognise(kept)) is not None:
                 info = replace(info, session_id=continued)
         state = self._state(info, refuse_ended=True)
+        if info.done and not owned_by(state.owner, info.credential):
+            raise SessionNotOwned(
+                f"the session {info.session_id!r} was opened by another client (another API "
+                "key) or by an episode's client: only its owner can close it"
+            )
         with self._lock:
             state.seen = time.monotonic()
             links = self._links(info.session_id, state, kept) if kept and state.open_ends else []
@@ -457,16 +499,19 @@ class SessionTracker:
 
     def _open(self, info: SessionInfo, refuse_ended: bool) -> _State:
         """A new session in the store, or the state of one it already holds."""
-        session_id = info.session_id
+        session_id, owner = info.session_id, owner_tag(info.credential)
         try:
-            self.store.add_session(Session(session_id, self.env_id))
-            return _State(named=info.named)
+            self.store.add_session(Session(session_id, self.env_id, metadata={OWNER: owner}))
+            return _State(named=info.named, owner=owner)
         except sqlite3.IntegrityError:
             pass
         session = self.store.session(session_id)
         if refuse_ended and session.status is not SessionStatus.OPEN:
             raise SessionEnded(f"the session {session_id!r} is {session.status}; use a new id")
-        state = _State(next_index=max((t.index for t in session.turns), default=-1) + 1)
+        state = _State(
+            next_index=max((t.index for t in session.turns), default=-1) + 1,
+            owner=session.metadata.get(OWNER),
+        )
         state.open_ends = [
             _OpenEnd(
                 t.index, tuple(m for m in t.prompt_messages if not is_transient(m)), t.completion

@@ -5,14 +5,16 @@ interval) and mean reward are logged per env and plotted (`eval.png`).
 
 Evaluation episodes reach the policy through the proxy like every rollout, as side turns
 (`X-Turn-Type: side`) of sessions labelled `eval/<env>`: they are stored, so what was
-evaluated can be read back, but never judged or trained.
+evaluated can be read back, but never judged or trained. A resumed run reads its earlier
+evaluations back from metrics.jsonl: its "before" is its first process's, and no step is
+evaluated twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,17 @@ def score(step: int, summaries: list[EpisodeSummary]) -> EvalScore:
     )
 
 
+def eval_row(result: EvalScore) -> dict[str, Any]:
+    """An evaluation's row of metrics.jsonl (its step is the row's): `eval_<field>`."""
+    return {f"eval_{k}": v for k, v in dataclasses.asdict(result).items() if k != "step"}
+
+
+def score_of(row: Mapping[str, Any]) -> EvalScore:
+    """The evaluation a metrics.jsonl row (`eval_row`'s, with its step) records."""
+    names = [f.name for f in dataclasses.fields(EvalScore) if f.name != "step"]
+    return EvalScore(step=int(row["step"]), **{name: row[f"eval_{name}"] for name in names})
+
+
 def evenly_spaced(ids: list[str], count: int) -> list[str]:
     """`count` of `ids`, evenly spaced over them (all of them when there are no more):
     task ids are grouped by kind (BFCL's by category, Terminal's by source), so the first
@@ -119,9 +132,30 @@ class Evaluator:
         """Whether step `step` (just finished) is an evaluation step besides the last."""
         return self.enabled and self.config.every > 0 and step % self.config.every == 0
 
+    @property
+    def started(self) -> bool:
+        """Whether every env has an evaluation (a resumed run's "before" is its first's)."""
+        return self.enabled and all(self.history.values())
+
+    def restore(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Takes back the evaluations recorded in metrics.jsonl (`records`, the `eval_`
+        rows of this run's earlier processes), so that a resumed run neither forgets its
+        "before" nor plays a step's evaluation twice."""
+        self.history = {name: [] for name in self.makers}
+        for row in records:
+            if row.get("env") in self.history and "eval_pass_at_1" in row:
+                self.history[row["env"]].append(score_of(row))
+
     def evaluate(self, step: int) -> dict[str, EvalScore]:
-        """Plays every env's held-out tasks with the policy as it is after `step` steps."""
-        scores = {name: self._evaluate_env(name, step) for name in self.makers}
+        """Plays the held-out tasks of every env not yet evaluated at `step` with the
+        policy as it is after `step` steps; returns their scores."""
+        scores = {
+            name: self._evaluate_env(name, step)
+            for name in self.makers
+            if all(run.step != step for run in self.history[name])
+        }
+        if not scores:
+            return scores
         for name, result in scores.items():
             self.history[name].append(result)
             logger.info(
@@ -135,8 +169,7 @@ class Evaluator:
                 result.reward,
             )
             if self.metrics is not None:
-                row = {f"eval_{k}": v for k, v in dataclasses.asdict(result).items() if k != "step"}
-                self.metrics.write(step, row, env=name)
+                self.metrics.write(step, eval_row(result), env=name)
         self._plot()
         return scores
 

@@ -17,7 +17,8 @@ on resume, and stops the run when one of them fails.
 
 With `overlap=False` the same three phases run strictly one after the other (the baseline of
 the async-speedup benchmark). A restart on the same run directory resumes from the last
-checkpoint: turns it trained are marked trained, turns it did not are trained later.
+checkpoint: turns it trained are marked trained, turns it did not are trained later, and
+`metrics.jsonl` keeps each checkpointed step's records once (`trainers.metrics`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from trainers.evaluation import Evaluator
 from trainers.judge import Judge
 from trainers.judging import JudgeLoop
 from trainers.learner import Learner, StepMetrics
-from trainers.metrics import MetricsWriter
+from trainers.metrics import CHECKPOINT_KEY, MetricsWriter
 from trainers.progress import Progress
 from trainers.rollouts import EnvSlot, MakeEnv, RolloutLoop
 from trainers.samples import reward_weights
@@ -86,7 +87,7 @@ class Pipeline:
         if make_envs and seat is None:
             raise ValueError("a pipeline that rolls out needs a seat to reach the policy")
         self.config, self.run_dir, self.store, self.learner = config, Path(run_dir), store, learner
-        self.publish, self.evaluator = publish, evaluator
+        self.publish, self.metrics, self.evaluator = publish, metrics, evaluator
         self.progress = Progress()
         self._stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
@@ -157,7 +158,8 @@ class Pipeline:
     # -- running -------------------------------------------------------------------------
     def run(self, overlap: bool = True) -> list[StepMetrics]:
         """Trains for `trainer.max_steps` steps (after `sft.warm_start_steps` supervised
-        ones); returns each step's metrics."""
+        ones); returns the metrics of the steps this process took (metrics.jsonl holds the
+        whole run's)."""
         self.resume()
         if self.supervised is not None:
             prepare_demonstrations(
@@ -172,7 +174,8 @@ class Pipeline:
                 or getattr(self.learner.model.config, "max_position_embeddings", None),
             )
         try:
-            self._evaluate()
+            if self.evaluator is None or not self.evaluator.started:
+                self._evaluate()  # the before, which a resumed run took in its first process
             if self.warm_start:
                 self._warm_start()
             if self.rollouts is not None:
@@ -271,9 +274,11 @@ class Pipeline:
         return threading.Thread(target=guarded, name=name, daemon=True)
 
     def resume(self) -> None:
-        """Restores the last checkpoint and reconciles the store with it: episodes a stopped
-        run left open are failed (their environments are gone; their turns are judged as
-        they are, never continued)."""
+        """Restores the last checkpoint and reconciles the store and metrics.jsonl with it:
+        episodes a stopped run left open are failed (their environments are gone; their
+        turns are judged as they are, never continued); the metrics hold the checkpointed
+        steps' records once each (`MetricsWriter.resume`), and the evaluator takes back its
+        evaluations from them."""
         abandoned = [
             s.session_id
             for s in self.store.sessions(status=SessionStatus.OPEN)
@@ -287,6 +292,11 @@ class Pipeline:
         if abandoned:
             logger.info("failed %d episodes a stopped run left open", len(abandoned))
         state = self.learner.load_checkpoint()
+        if self.metrics is not None:
+            cursor = state["cursor"] if state is not None else {}
+            records = self.metrics.resume(self.learner.step_count, cursor.get(CHECKPOINT_KEY, []))
+            if self.evaluator is not None:
+                self.evaluator.restore(records)
         if state is None:
             if self.config.trainer.init_adapter:
                 adapter = self.learner.start_from(self.config.trainer.init_adapter)

@@ -8,8 +8,9 @@
 Hydra composes the typed config of `trainers/config.py` from the groups under
 `trainers/conf/` (method, judge) and the shared ones of `agents/conf/` (env, model, engine).
 A run directory receives the resolved config, the store, the adapters (adapters/v<N>),
-checkpoints, metrics (metrics.jsonl and TensorBoard) and summary.json; the same directory
-resumes a run.
+checkpoints, metrics (metrics.jsonl and TensorBoard) and summary.json; the same command on
+the same directory resumes a run, even one killed with SIGKILL, and its summary.json counts
+the whole run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,15 +32,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
 from agents.config import EnvConfig, ServeSection
+from agents.demonstrations import DEMONSTRATION
 from agents.engines.vllm import own_cpus
 from agents.rollout import ProxySeat
 from agents.store import Store
-from agents.trajectory import TurnStatus, TurnType
+from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from trainers.config import RunConfig, register_configs, validate
 from trainers.evaluation import Evaluator
 from trainers.judge import build_judge
 from trainers.learner import Learner
-from trainers.metrics import MetricsWriter
+from trainers.metrics import MetricsWriter, Record, read_metrics, step_rows
 from trainers.pipeline import Pipeline
 from trainers.progress import Progress, episode_summary
 
@@ -47,28 +50,37 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What a run did, as printed and written to `summary.json`."""
+    """What a run did, as printed and written to `summary.json`.
+
+    The run's totals come from its durable record (checkpoint, store, metrics.jsonl), so a
+    run resumed after a kill reports all of it; the fields that say "this process" are the
+    figures of the process that finished it.
+    """
 
     run_dir: str
     method: str
     engine: str
     steps: int
+    """Optimiser steps of the whole run (the checkpoint's; one row each in metrics.jsonl)."""
     adapter_version: int
     episodes: int
+    """Episodes of the run's envs that ended, from the store."""
     turns_collected: int
     turns_trained: int
     turns_dropped: int
     first_loss: float | None
     last_loss: float | None
     recent_reward: float
+    """Mean reward of the last 32 episodes this process played."""
     logprob_gap: float | None
     """Mean |learner - rollout| log-prob per token of on-policy turns, over the steps."""
     logprob_gap_max: float | None
     """The largest such gap of any one token."""
     wall_s: float
+    """This process's wall time."""
     envs: dict[str, dict[str, Any]]
-    """Per env: its episodes (count, reward, success rate, turns and tokens per episode,
-    wall time, failed and truncated) and its turns trained and dropped."""
+    """Per env, of this process: its episodes (count, reward, success rate, turns and
+    tokens per episode, wall time, failed and truncated) and its turns trained and dropped."""
     held_out: dict[str, dict[str, Any]]
     """Per env: its held-out score before and after training (with `eval.episodes`)."""
 
@@ -115,9 +127,16 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 url,
                 proxy,
             ),
-            contextlib.closing(ProxySeat(url, serve_key(config.serve))) as seat,
             contextlib.closing(
-                ProxySeat(url, serve_key(config.serve), turn_type=TurnType.SIDE)
+                ProxySeat(url, serve_key(config.serve), admin_key=proxy.admin_key)
+            ) as seat,
+            contextlib.closing(
+                ProxySeat(
+                    url,
+                    serve_key(config.serve),
+                    turn_type=TurnType.SIDE,
+                    admin_key=proxy.admin_key,
+                )
             ) as eval_seat,
         ):
             simulated = {
@@ -149,22 +168,24 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 evaluator=evaluator,
             )
             with _live_progress(pipeline.progress, pipeline.total_steps):
-                steps = pipeline.run(overlap=config.trainer.overlap)
+                pipeline.run(overlap=config.trainer.overlap)
+        # every step's row, the killed processes' too (this process holds only its own)
+        steps = step_rows(read_metrics(run_dir))
         return RunSummary(
             run_dir=str(run_dir),
             method=config.method.name,
             engine=config.engine.backend,
-            steps=len(steps),
+            steps=learner.step_count,
             adapter_version=learner.version,
-            episodes=pipeline.progress.episodes,
+            episodes=_episodes(store, config.env),
             turns_collected=store.count_turns(),
             turns_trained=store.count_turns(TurnStatus.TRAINED),
             turns_dropped=store.count_turns(TurnStatus.DROPPED),
-            first_loss=steps[0].loss if steps else None,
-            last_loss=steps[-1].loss if steps else None,
+            first_loss=steps[0]["loss"] if steps else None,
+            last_loss=steps[-1]["loss"] if steps else None,
             recent_reward=round(pipeline.progress.mean_recent_reward, 4),
             logprob_gap=_mean_gap(steps),
-            logprob_gap_max=max((s.logprob_gap_max for s in steps), default=None),
+            logprob_gap_max=max((s["logprob_gap_max"] for s in steps), default=None),
             wall_s=round(time.monotonic() - started, 1),
             envs=_env_summaries(pipeline.progress),
             held_out=evaluator.before_after(),
@@ -206,9 +227,19 @@ def _env_summaries(progress: Progress) -> dict[str, dict[str, Any]]:
     }
 
 
-def _mean_gap(steps: list[Any]) -> float | None:
-    gaps = [s.logprob_gap for s in steps if s.logprob_gap > 0]
+def _mean_gap(steps: list[Record]) -> float | None:
+    gaps = [s["logprob_gap"] for s in steps if s["logprob_gap"] > 0]
     return sum(gaps) / len(gaps) if gaps else None
+
+
+def _episodes(store: Store, envs: Iterable[str]) -> int:
+    """Episodes of `envs` that ended, whichever process played them: not a warm start's
+    demonstrations, nor held-out evaluations (`eval/<env>`), nor live conversations."""
+    names = set(envs)
+    return sum(
+        s.env_id in names and s.status != SessionStatus.OPEN and DEMONSTRATION not in s.metadata
+        for s in store.sessions()
+    )
 
 
 class _live_progress:  # noqa: N801 (used as a context manager)

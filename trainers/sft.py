@@ -31,7 +31,7 @@ from agents.store import Store
 from agents.trajectory import Turn, TurnStatus, TurnType
 from trainers.config import SFTConfig, TrainerConfig
 from trainers.learner import Learner, StepMetrics, TrainSample
-from trainers.metrics import MetricsWriter
+from trainers.metrics import CHECKPOINT_KEY, MetricsWriter, record
 from trainers.progress import Progress
 
 logger = logging.getLogger(__name__)
@@ -168,22 +168,26 @@ class SFTLoop:
         ]
         metrics = self.learner.step(samples, objective="nll", lr=self.sft.lr)
         adapter = self.learner.save_adapter()
-        self.learner.save_checkpoint({"trained_turns": self.progress.turns_trained + len(batch)})
+        epoch = (metrics.step * self.trainer.batch_turns) / len(self.demonstrations())
+        row = asdict(metrics) | {
+            "elapsed_s": round(time.monotonic() - self._started, 3),
+            "epoch": round(epoch, 3),
+            "demonstrations": len(self.demonstrations()),
+        }
+        # the row rides in the checkpoint: a kill before it reaches metrics.jsonl below
+        # loses nothing (`trainers.metrics` says the rule)
+        self.learner.save_checkpoint(
+            {
+                "trained_turns": self.progress.turns_trained + len(batch),
+                CHECKPOINT_KEY: [record(metrics.step, row)],
+            }
+        )
         self.store.mark_trained([seq for seq, _ in batch])
         self.publish(str(adapter), self.learner.version)
         self.progress.turns_trained += len(batch)
         self.progress.steps.append(metrics)
-        epoch = (metrics.step * self.trainer.batch_turns) / len(self.demonstrations())
         if self.metrics is not None:
-            self.metrics.write(
-                metrics.step,
-                asdict(metrics)
-                | {
-                    "elapsed_s": round(time.monotonic() - self._started, 3),
-                    "epoch": round(epoch, 3),
-                    "demonstrations": len(self.demonstrations()),
-                },
-            )
+            self.metrics.write(metrics.step, row)
         logger.info(
             "sft step %d: nll %.4f over %d tokens, epoch %.2f, %.1fs",
             metrics.step,

@@ -1,7 +1,7 @@
 """The training loop's step: once enough judged turns of complete groups are in the store,
 select samples by the method (each session's env with its own reward weights), take one
-optimiser step, checkpoint, mark the turns, publish the adapter, and write the run's and
-each env's metrics."""
+optimiser step, checkpoint (with the step's metrics), mark the turns, publish the adapter,
+and write the run's and each env's metrics."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
 from trainers.config import MethodConfig, TrainerConfig
-from trainers.learner import Learner, StepMetrics
-from trainers.metrics import MetricsWriter
+from trainers.learner import Learner, StepMetrics, TrainSample
+from trainers.metrics import CHECKPOINT_KEY, MetricsWriter, Record, record
 from trainers.progress import Progress, episode_summary
 from trainers.samples import RewardWeights, Selection, baseline_key, first_batch, select
 
@@ -106,29 +106,57 @@ class TrainLoop:
             for seq, turn in ready
         }
         batch = first_batch(selection.samples, keys, self.trainer.batch_turns)
-        version = self.learner.version
+        return self._train(list(batch), selection, ready, sessions)
+
+    def _train(
+        self,
+        batch: list[TrainSample],
+        selection: Selection,
+        ready: list[tuple[int, Turn]],
+        sessions: Mapping[str, Session],
+    ) -> StepMetrics:
+        """The optimiser step on `batch`, its checkpoint, the publish and the metrics."""
+        env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
+        staleness_by_env: dict[str, list[int]] = {}
+        for sample in batch:
+            staleness_by_env.setdefault(env_of[sample.seq], []).append(
+                self.learner.version - sample.policy_version
+            )
         self.in_training = len(batch)
         try:
-            metrics = self.learner.step(list(batch))
+            metrics = self.learner.step(batch)
             adapter = self.learner.save_adapter()
+            # the step's metrics go into its checkpoint: a kill before they reach
+            # metrics.jsonl below loses no row (`trainers.metrics` says the rule)
+            records = self._records(metrics, selection, ready, sessions, staleness_by_env)
             self.learner.save_checkpoint(
-                {"trained_turns": self.progress.turns_trained + len(batch)}
+                {
+                    "trained_turns": self.progress.turns_trained + len(batch),
+                    CHECKPOINT_KEY: records,
+                }
             )
             self.store.mark_trained([s.seq for s in batch])
         finally:
             self.in_training = 0
         published = time.perf_counter()
         self.publish(str(adapter), self.learner.version)
-        publish_ms = (time.perf_counter() - published) * 1e3
+        publish_ms = round((time.perf_counter() - published) * 1e3, 2)
         self.progress.turns_trained += len(batch)
         self.progress.steps.append(metrics)
-        trained_by_env: dict[str, list[int]] = {}
         for sample in batch:
-            trained_by_env.setdefault(env_of[sample.seq], []).append(
-                version - sample.policy_version
-            )
             self.progress.env(env_of[sample.seq]).turns_trained += 1
-        self._write_rows(metrics, selection, ready, sessions, trained_by_env, publish_ms)
+        if self.metrics is not None:
+            # the step's own row is the first; the checkpoint's copy lacks only publish_ms
+            self.metrics.write_records([records[0] | {"publish_ms": publish_ms}, *records[1:]])
+        logger.info(
+            "step %d: loss %.4f, %d turns, reward %.3f, %.1fs, published in %.0f ms",
+            metrics.step,
+            metrics.loss,
+            metrics.turns,
+            self.progress.mean_recent_reward,
+            metrics.seconds,
+            publish_ms,
+        )
         return metrics
 
     def _ready_turns(self) -> tuple[list[tuple[int, Turn]], dict[str, Session]]:
@@ -160,16 +188,15 @@ class TrainLoop:
         ]
         return ready, sessions
 
-    def _write_rows(
+    def _records(
         self,
         metrics: StepMetrics,
         selection: Selection,
         ready: list[tuple[int, Turn]],
         sessions: Mapping[str, Session],
         staleness_by_env: Mapping[str, list[int]],
-        publish_ms: float,
-    ) -> None:
-        """The step's row and one row per env, to every metrics sink and the log."""
+    ) -> list[Record]:
+        """The step's records for metrics.jsonl: the run's row, then one per env."""
         scores_by_env: dict[str, list[float]] = {}
         for _, turn in ready:
             if turn.judgement is not None:
@@ -177,7 +204,6 @@ class TrainLoop:
                 scores_by_env.setdefault(env, []).append(turn.judgement.score)
         row = asdict(metrics) | {
             "elapsed_s": round(time.monotonic() - self._started, 3),
-            "publish_ms": round(publish_ms, 2),
             "rollout_tokens": self.progress.rollout_tokens,
             "judge_score": _mean(sum(scores_by_env.values(), [])),
             "dropped": len(selection.dropped),
@@ -192,10 +218,8 @@ class TrainLoop:
         considered_by_env: dict[str, int] = {}
         for env in env_of.values():
             considered_by_env[env] = considered_by_env.get(env, 0) + 1
-        if self.metrics is not None:
-            self.metrics.write(metrics.step, row)
-        names = list(dict.fromkeys([*self.envs, *considered_by_env]))
-        for name in names:
+        records = [record(metrics.step, row)]
+        for name in dict.fromkeys([*self.envs, *considered_by_env]):
             considered = considered_by_env.get(name, 0)
             staleness = staleness_by_env.get(name, [])
             env_row = episode_summary(self.progress.env(name).unreported()) | {
@@ -207,16 +231,8 @@ class TrainLoop:
                 ),
                 "staleness": _mean([float(s) for s in staleness]),
             }
-            if self.metrics is not None:
-                self.metrics.write(metrics.step, env_row, env=name)
-        logger.info(
-            "step %d: loss %.4f, %d turns, reward %.3f, %.1fs",
-            metrics.step,
-            metrics.loss,
-            metrics.turns,
-            self.progress.mean_recent_reward,
-            metrics.seconds,
-        )
+            records.append(record(metrics.step, env_row, env=name))
+        return records
 
 
 def _mean(values: list[float]) -> float | None:

@@ -24,6 +24,7 @@ import contextlib
 import http.client
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -58,11 +59,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def proxy_process(store: Path, *args: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
-    """`python -m agents.serve` on a free port; yields its base URL (without /v1), pid."""
+def proxy_process(
+    store: Path, admin_key: str, *args: str
+) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """`python -m agents.serve` on a free port, with `admin_key` for its admin routes;
+    yields its base URL (without /v1), pid."""
     port = free_port()
     command = ["-m", "agents.serve", f"serve.port={port}", f"store={store}", *args]
-    return _server_process(port, command, env={**os.environ, "CLAWGYM_API_KEY": ""})
+    env = {**os.environ, "CLAWGYM_API_KEY": "", "CLAWGYM_ADMIN_KEY": admin_key}
+    return _server_process(port, command, env=env)
 
 
 def noop_process() -> contextlib.AbstractContextManager[tuple[str, int]]:
@@ -205,10 +210,12 @@ def requests_per_second(base: str, sessions: int, per_session: int, tokens: int)
     return sessions * per_session / (time.perf_counter() - started)
 
 
-def publish_under_load(base: str, store: Path, adapters: list[str]) -> tuple[list[float], int, int]:
-    """Publishes each adapter while 8 sessions keep requesting; returns the publish
-    latencies (until every later request runs on the new version), failed requests and
-    served requests."""
+def publish_under_load(
+    base: str, store: Path, adapters: list[str], admin_key: str
+) -> tuple[list[float], int, int]:
+    """Publishes each adapter (with the proxy's `admin_key`) while 8 sessions keep
+    requesting; returns the publish latencies (until every later request runs on the new
+    version), failed requests and served requests."""
     stop, failed, served = threading.Event(), [0], [0]
 
     def load(number: int) -> None:
@@ -229,7 +236,9 @@ def publish_under_load(base: str, store: Path, adapters: list[str]) -> tuple[lis
             time.sleep(0.5)
             started = time.perf_counter()
             client.post(
-                base + "/admin/adapters", json={"path": path, "version": version}
+                base + "/admin/adapters",
+                json={"path": path, "version": version},
+                headers={"Authorization": f"Bearer {admin_key}"},
             ).raise_for_status()
             latencies.append(time.perf_counter() - started)
             chat(client, base, f"probe-{version}", 1)
@@ -408,15 +417,17 @@ def proxy_table(args: argparse.Namespace) -> Table:
             f"adapter_shape={adapters[0]}",
         )
         stores = [Path(tmp) / f"store{i}.sqlite" for i in range(args.servers)]
-        with proxy_process(stores[0], *serve) as first, contextlib.ExitStack() as others:
-            servers = [first] + [others.enter_context(proxy_process(s, *serve)) for s in stores[1:]]
+        key = secrets.token_urlsafe(16)
+        with proxy_process(stores[0], key, *serve) as first, contextlib.ExitStack() as others:
+            servers = [first]
+            servers += [others.enter_context(proxy_process(s, key, *serve)) for s in stores[1:]]
             floor, _ = others.enter_context(noop_process())
             measured = overhead(direct, servers, floor, args.requests)
             direct.close()
             others.close()  # the rest of the table has the cores to one proxy
             base = first[0]
             rates = {c: requests_per_second(base, c, max(2, 64 // c), 8) for c in (1, 8, 32)}
-            latencies, failed, served = publish_under_load(base, stores[0], adapters[:4])
+            latencies, failed, served = publish_under_load(base, stores[0], adapters[:4], key)
         # Without prepared slots the first version of a LoRA shape is loaded by peft, which
         # makes its slots; every later one is copied into a free slot.
         engine = EmbeddedEngine("tiny", threads=1)

@@ -38,9 +38,10 @@ def tiny_engine():
 
 @pytest.fixture(scope="module")
 def served(tiny_engine, tmp_path_factory):
+    """(base URL, store, proxy)."""
     store = Store(tmp_path_factory.mktemp("proxy") / "store.sqlite")
-    with running(tiny_engine, store) as (url, _):
-        yield url, store
+    with running(tiny_engine, store) as (url, proxy):
+        yield url, store, proxy
     store.close()
 
 
@@ -363,7 +364,10 @@ def test_unknown_route_is_an_openai_style_404(served):
     ],
 )
 def test_a_bad_publish_is_a_400_and_serving_goes_on(client, served, body):
-    response = httpx.post(served[0].removesuffix("/v1") + "/admin/adapters", content=body)
+    admin = {"Authorization": f"Bearer {served[2].admin_key}", "Content-Type": "application/json"}
+    response = httpx.post(
+        served[0].removesuffix("/v1") + "/admin/adapters", content=body, headers=admin
+    )
     assert response.status_code == 400 and response.json()["error"]["message"]
     reply, headers = create(client)
     assert reply.choices[0].message.role == "assistant"

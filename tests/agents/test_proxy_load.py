@@ -96,7 +96,8 @@ def test_publishing_adapters_under_load_fails_no_request(tmp_path, adapters):
                 failures.append(repr(error))
 
     config = ProxyConfig()
-    with Store(tmp_path / "s.sqlite") as store, running(engine, store, config) as (url, _):
+    with Store(tmp_path / "s.sqlite") as store, running(engine, store, config) as (url, proxy):
+        admin = {"Authorization": f"Bearer {proxy.admin_key}"}
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
         workers = [threading.Thread(target=load, args=(client, w)) for w in range(8)]
         for worker in workers:
@@ -109,6 +110,7 @@ def test_publishing_adapters_under_load_fails_no_request(tmp_path, adapters):
             response = httpx.post(
                 url.removesuffix("/v1") + "/admin/adapters",
                 json={"path": path, "version": version},
+                headers=admin,
                 timeout=120,
             )
             answers.append(response.status_code)
@@ -119,7 +121,9 @@ def test_publishing_adapters_under_load_fails_no_request(tmp_path, adapters):
             worker.join()
         versions = {t.policy_version for _, t in store.turns()}
         stale = httpx.post(
-            url.removesuffix("/v1") + "/admin/adapters", json={"path": adapters[0], "version": 1}
+            url.removesuffix("/v1") + "/admin/adapters",
+            json={"path": adapters[0], "version": 1},
+            headers=admin,
         )
     engine.close()
     assert failures == []

@@ -35,15 +35,21 @@ def play(seat, env=None, seed=0, sampling=GREEDY):
 
 @contextlib.contextmanager
 def _proxy(engine, path):
-    """A proxy over `engine` on a fresh store at `path`: (seat, store, base URL)."""
-    with Store(path) as store, running(engine, store) as (url, _):
-        with contextlib.closing(ProxySeat(url)) as seat:
-            yield seat, store, url
+    """A proxy over `engine` on a fresh store at `path`: (seat, store, base URL, the
+    headers of an admin request)."""
+    with Store(path) as store, running(engine, store) as (url, proxy):
+        with contextlib.closing(ProxySeat(url, admin_key=proxy.admin_key)) as seat:
+            admin = {
+                "Authorization": f"Bearer {proxy.admin_key}",
+                "Content-Type": "application/json",
+            }
+            yield seat, store, url, admin
 
 
 @pytest.fixture
 def proxied(tiny_engine, tmp_path):
-    """A proxy over the tiny engine on a fresh store: (seat, store, base URL)."""
+    """A proxy over the tiny engine on a fresh store: (seat, store, base URL, admin
+    headers)."""
     with _proxy(tiny_engine, tmp_path / "proxy.sqlite") as served:
         yield served
 
@@ -83,7 +89,7 @@ def test_episode_is_stored_turn_by_turn_with_next_states(tiny_engine, tmp_path):
 def test_through_the_proxy_an_episode_stores_what_the_direct_path_stores(
     tiny_engine, tmp_path, proxied
 ):
-    seat, proxy_store, _ = proxied
+    seat, proxy_store, _, _ = proxied
     with Store(tmp_path / "direct.sqlite") as direct_store:
         direct = play(DirectSeat(tiny_engine, direct_store))
         direct_session = direct_store.session(direct.session_id)
@@ -129,7 +135,7 @@ class _OneTurnEnv(gym.Env[Any, Any]):
 
 
 def test_a_task_past_the_context_ends_the_episode_truncated(proxied):
-    seat, store, _ = proxied
+    seat, store, _, _ = proxied
     summary = play(seat, env=_OneTurnEnv("count " * 200_000))
     assert summary.turns == 0  # the task itself is never elided
     assert (summary.status, summary.error) == (SessionStatus.TRUNCATED, "context")
@@ -139,7 +145,7 @@ def test_a_task_past_the_context_ends_the_episode_truncated(proxied):
 
 
 def test_an_environment_that_fails_mid_episode_ends_it_as_failed_data(proxied):
-    seat, store, _ = proxied
+    seat, store, _, _ = proxied
     summary = play(seat, env=_OneTurnEnv("2 + 2?", fail=True))
     assert "the sandbox died" in (summary.error or "") and summary.turns == 0
     assert summary.status == SessionStatus.FAILED
@@ -150,7 +156,7 @@ def test_an_environment_that_fails_mid_episode_ends_it_as_failed_data(proxied):
 
 
 def test_a_normal_end_has_no_error_and_says_how_the_environment_ended(proxied):
-    seat, store, _ = proxied
+    seat, store, _, _ = proxied
     ended = play(seat, env=_OneTurnEnv("2 + 2?"))
     assert (ended.status, ended.error, ended.terminated) == (SessionStatus.DONE, None, True)
     assert store.session(ended.session_id).metadata["end_reason"] == "terminated"
@@ -221,7 +227,7 @@ def test_a_history_past_the_context_is_elided_and_stored_as_the_policy_saw_it(
 ):
     sampling = SamplingParams(temperature=0.0, max_tokens=8, seed=3)
     env = _LongOutputsEnv([100] * 6)
-    with _proxy(small_engine, tmp_path / "proxy.sqlite") as (seat, store, _):
+    with _proxy(small_engine, tmp_path / "proxy.sqlite") as (seat, store, _, _):
         summary = play(seat, env=env, sampling=sampling)
         session = store.session(summary.session_id)
     assert (summary.status, summary.error, summary.turns) == (SessionStatus.DONE, None, 6)
@@ -250,7 +256,7 @@ def test_a_history_past_the_context_is_elided_and_stored_as_the_policy_saw_it(
 
 def test_an_output_that_alone_is_past_the_context_truncates_the_episode(small_engine, tmp_path):
     sampling = SamplingParams(temperature=0.0, max_tokens=8, seed=3)
-    with _proxy(small_engine, tmp_path / "proxy.sqlite") as (seat, store, _):
+    with _proxy(small_engine, tmp_path / "proxy.sqlite") as (seat, store, _, _):
         summary = play(seat, env=_LongOutputsEnv([100, 100, 600, 100]), sampling=sampling)
         session = store.session(summary.session_id)
     assert (summary.status, summary.error, summary.turns) == (SessionStatus.TRUNCATED, "context", 3)
@@ -262,7 +268,7 @@ def test_an_output_that_alone_is_past_the_context_truncates_the_episode(small_en
 
 
 def test_each_turn_answer_names_its_index_and_rewards_land_by_it(proxied):
-    seat, store, _ = proxied
+    seat, store, _, _ = proxied
     summary = play(seat, env=ArithEnv(max_turns=2), sampling=SamplingParams(max_tokens=8))
     turns = store.session(summary.session_id).turns
     assert [t.index for t in turns] == [0, 1]
@@ -286,36 +292,33 @@ def test_each_turn_answer_names_its_index_and_rewards_land_by_it(proxied):
     ],
 )
 def test_the_episode_routes_refuse_bad_input_clearly(proxied, path, body, status):
-    _, store, url = proxied
-    admin = url.removesuffix("/v1")
-    assert httpx.post(
-        admin + "/admin/sessions", json={"session_id": "s0", "env_id": "e"}
-    ).is_success
-    answer = httpx.post(admin + path, content=_json(body))
+    _, store, url, headers = proxied
+    with httpx.Client(base_url=url.removesuffix("/v1"), headers=headers) as admin:
+        assert admin.post("/admin/sessions", json={"session_id": "s0", "env_id": "e"}).is_success
+        answer = admin.post(path, content=_json(body))
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["message"]
     assert store.session_status("s0") == SessionStatus.OPEN  # nothing half-written
 
 
 def test_a_session_opens_once_and_ends_once(proxied):
-    _, store, url = proxied
-    admin = url.removesuffix("/v1")
+    _, store, url, headers = proxied
     opened = {"session_id": "s1", "env_id": "clawgym/Arith-v0", "group_id": "g"}
-    assert httpx.post(admin + "/admin/sessions", json=opened).status_code == 200
-    assert httpx.post(admin + "/admin/sessions", json=opened).status_code == 409
     end = {"messages": [], "outcome_reward": 0.5, "status": "failed"}
-    assert httpx.post(admin + "/admin/sessions/s1/end", json=end).status_code == 200
-    assert httpx.post(admin + "/admin/sessions/s1/end", json=end).status_code == 409
+    truncated = {"status": "truncated", "reason": "context " * 1000}
+    with httpx.Client(base_url=url.removesuffix("/v1"), headers=headers) as admin:
+        assert admin.post("/admin/sessions", json=opened).status_code == 200
+        assert admin.post("/admin/sessions", json=opened).status_code == 409
+        assert admin.post("/admin/sessions/s1/end", json=end).status_code == 200
+        assert admin.post("/admin/sessions/s1/end", json=end).status_code == 409
+        assert admin.post("/admin/sessions", json={**opened, "session_id": "s2"}).is_success
+        assert admin.post("/admin/sessions/s2/end", json=truncated).status_code == 200
     session = store.session("s1")
     assert (session.status, session.outcome_reward, session.group_id) == ("failed", 0.5, "g")
     assert "end_reason" not in session.metadata
-    opened["session_id"] = "s2"
-    assert httpx.post(admin + "/admin/sessions", json=opened).status_code == 200
-    end = {"status": "truncated", "reason": "context " * 1000}
-    assert httpx.post(admin + "/admin/sessions/s2/end", json=end).status_code == 200
     session = store.session("s2")
     assert session.status == "truncated"
-    assert session.metadata["end_reason"] == end["reason"][:2000]  # a long reason is cut
+    assert session.metadata["end_reason"] == truncated["reason"][:2000]  # a long reason is cut
 
 
 def _json(body):
@@ -330,7 +333,7 @@ class _BrokenEnv(_OneTurnEnv):
 
 
 def test_an_environment_that_cannot_reset_gives_an_empty_failed_episode(proxied):
-    seat, store, _ = proxied
+    seat, store, _, _ = proxied
     summary = play(seat, env=_BrokenEnv("unused"))
     assert summary.turns == 0 and "the user model is down" in (summary.error or "")
     assert store.sessions() == []  # nothing was played, nothing is recorded

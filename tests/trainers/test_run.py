@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from agents.rollout import ELIDED
 from agents.store import Store
 from agents.trajectory import TurnStatus, TurnType
 from trainers.config import RunConfig, validate
+from trainers.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough for a 2-core CPU: one question per conversation, short replies, two turns a step.
@@ -103,13 +105,7 @@ def test_a_mixture_of_four_families_trains_each_and_resumes_after_sigkill(tmp_pa
     with no turn trained twice or lost."""
     run_dir = tmp_path / "mixture"
     victim = train(run_dir, *MIXTURE, "method=binary", "trainer.max_steps=4", wait=False)
-    deadline = time.monotonic() + 600
-    while not (run_dir / "checkpoints" / "latest" / "state.json").exists():
-        assert victim.poll() is None, victim.stderr.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=60)
+    kill_after_first_checkpoint(victim, run_dir)
     with Store(run_dir / "store.sqlite") as store:
         before = {seq for seq, _ in store.turns()}
 
@@ -132,10 +128,54 @@ def test_a_mixture_of_four_families_trains_each_and_resumes_after_sigkill(tmp_pa
     assert {s for s, status in statuses.items() if status == TurnStatus.TRAINED} == set(ledger)
     assert judged == trained == envs, (judged, trained)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # the resumed run's steps (3 and 4) have a row for the run and one for each env
-    for step in (3, 4):
-        assert {r.get("env") for r in rows if r["step"] == step} == envs | {None}
+    # every step, the killed run's and the resumed one's, has a row for the run and each env
+    for step in (1, 2, 3, 4):
+        assert Counter(r.get("env") for r in rows if r["step"] == step) == Counter(envs | {None})
     assert set(summary["envs"]) <= envs and summary["envs"]
+
+
+def kill_after_first_checkpoint(victim: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILLs the run `victim` as soon as its first checkpoint is on disk (looking every
+    10 ms), so that the kill lands in the few ms between the checkpoint and what follows."""
+    state = run_dir / "checkpoints" / "latest" / "state.json"
+    deadline = time.monotonic() + 600
+    while not state.exists():
+        assert victim.poll() is None, victim.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+        time.sleep(0.01)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=60)
+
+
+def test_a_run_killed_right_after_a_checkpoint_keeps_every_steps_metrics(tmp_path):
+    """Killed with SIGKILL right after its first checkpoint, then resumed to the end by the
+    same command: metrics.jsonl holds each step's rows exactly once, and summary.json
+    counts the whole run (its steps, losses and episodes), not the resumed process's part."""
+    run_dir = tmp_path / "killed"
+    args = ("method=binary", "trainer.max_steps=3")
+    kill_after_first_checkpoint(train(run_dir, *args, wait=False), run_dir)
+    killed_at = json.loads((run_dir / "checkpoints" / "latest" / "state.json").read_text())
+    assert killed_at["step"] == 1, "the kill came after a later checkpoint"
+    # The kill may land after step 1's rows reached the file (the window is a publish, a
+    # few ms); one before it leaves them only in the checkpoint, the case this is about:
+    # taking them off the file makes it certain.
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        lines = metrics.read_text().splitlines()
+        metrics.write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] < 1))
+
+    summary = train(run_dir, *args)
+    rows = read_metrics(run_dir)
+    steps = [r for r in rows if "env" not in r]
+    assert [r["step"] for r in steps] == [1, 2, 3], "a step's row is missing or doubled"
+    assert [(r["step"], r["env"]) for r in rows if "env" in r] == [(s, "chat") for s in (1, 2, 3)]
+    assert (summary["steps"], summary["adapter_version"]) == (3, 3)
+    assert (summary["first_loss"], summary["last_loss"]) == (steps[0]["loss"], steps[-1]["loss"])
+    with Store(run_dir / "store.sqlite") as store:
+        trained = store.count_turns(TurnStatus.TRAINED)
+        episodes = [s for s in store.sessions() if s.env_id == "chat" and s.status != "open"]
+    assert trained == summary["turns_trained"] == sum(r["turns"] for r in steps)
+    assert summary["episodes"] == len(episodes) > 0
 
 
 FAULTY = "tests.trainers.faulty_envs:clawgym-test/Faulty-v0"

@@ -17,7 +17,7 @@ USER = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 def test_proxy_over_vllm_records_token_exact_turns(vllm_engine, tiny_adapters, tmp_path):
-    with Store(tmp_path / "s.sqlite") as store, running(vllm_engine, store) as (url, _):
+    with Store(tmp_path / "s.sqlite") as store, running(vllm_engine, store) as (url, proxy):
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
         headers = {"X-Session-Id": "vllm"}
         reply = client.chat.completions.create(
@@ -45,6 +45,7 @@ def test_proxy_over_vllm_records_token_exact_turns(vllm_engine, tiny_adapters, t
         published = httpx.post(
             url.removesuffix("/v1") + "/admin/adapters",
             json={"path": str(tiny_adapters[max(tiny_adapters)]), "version": version},
+            headers={"Authorization": f"Bearer {proxy.admin_key}"},
             timeout=120,
         )
         client.chat.completions.create(
@@ -78,8 +79,8 @@ def test_an_episode_through_the_proxy_stores_what_the_direct_path_stores_on_vllm
 
     with Store(tmp_path / "direct.sqlite") as direct_store:
         direct = direct_store.session(play(DirectSeat(vllm_engine, direct_store)).session_id)
-    with Store(tmp_path / "proxy.sqlite") as store, running(vllm_engine, store) as (url, _):
-        seat = ProxySeat(url)
+    with Store(tmp_path / "proxy.sqlite") as store, running(vllm_engine, store) as (url, proxy):
+        seat = ProxySeat(url, admin_key=proxy.admin_key)
         proxied = store.session(play(seat).session_id)
         seat.close()
     assert len(proxied.turns) == len(direct.turns) == 2

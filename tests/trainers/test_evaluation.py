@@ -1,0 +1,60 @@
+"""Held-out evaluation across a resume: the evaluations recorded in metrics.jsonl come back,
+and a step already evaluated is not played again."""
+
+import dataclasses
+
+import pytest
+
+from agents.compose import env_factory
+from agents.config import EnvConfig, SamplingConfig
+from trainers.config import EvalConfig
+from trainers.evaluation import EvalScore, Evaluator, eval_row, score_of
+from trainers.metrics import MetricsWriter, read_metrics, record
+
+
+class Reached(Exception):
+    pass
+
+
+class Tripwire:
+    """A seat that no episode may reach: any use of it raises `Reached` (no policy is
+    served here; the tests only tell whether an evaluation plays)."""
+
+    def __getattr__(self, name):
+        raise Reached(name)
+
+
+def test_a_score_survives_its_metrics_row():
+    score = EvalScore(
+        step=4, episodes=8, successes=3, pass_at_1=0.375, low=0.1, high=0.7, reward=0.4, failed=1
+    )
+    assert score_of(record(4, eval_row(score), env="arith")) == score
+
+
+def test_a_resumed_evaluator_keeps_its_before_and_plays_only_steps_not_yet_evaluated(tmp_path):
+    before = EvalScore(0, 2, 1, 0.5, 0.1, 0.9, 0.5, 0)
+    at_two = EvalScore(2, 2, 2, 1.0, 0.3, 1.0, 1.0, 0)
+    writer = MetricsWriter(tmp_path)
+    for score in (before, at_two):
+        writer.write(score.step, eval_row(score), env="arith")
+    writer.write(2, {"loss": 0.5})  # a step's row, not an evaluation
+    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
+    evaluator = Evaluator(
+        EvalConfig(episodes=2),
+        {"arith": arith},
+        env_factory,
+        Tripwire(),
+        SamplingConfig(max_tokens=4),
+        writer,
+        tmp_path,
+    )
+    evaluator.restore(read_metrics(tmp_path))
+    assert evaluator.started
+    assert evaluator.evaluate(2) == {}  # evaluated before the kill: not played again
+    with pytest.raises(Reached):  # a step not evaluated yet is played
+        evaluator.evaluate(3)
+    writer.close()
+    held_out = evaluator.before_after()["arith"]
+    assert held_out["before"] == dataclasses.asdict(before)
+    assert held_out["after"] == dataclasses.asdict(at_two)
+    assert [step for step, _ in held_out["curve"]] == [0, 2]
