@@ -114,6 +114,9 @@ class EnvConfig:
     evaluation). A judge that is the outcome (judge: env) counts it once, not twice."""
     eval_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
     """What changes in `kwargs` for held-out evaluation during training (`eval`)."""
+    eval_episodes: int | None = None
+    """Held-out tasks of this env per evaluation; None: the run's `eval.episodes`, 0: this
+    env is not evaluated (where an episode takes longer than the training it measures)."""
 
 
 @dataclass
@@ -212,6 +215,10 @@ def validate_env(env: EnvConfig, name: str = "env") -> None:
         raise ValueError(f"{name}.weight must be positive, got {env.weight}")
     if env.max_tokens is not None and env.max_tokens < 1:
         raise ValueError(f"{name}.max_tokens must be >= 1 (or null), got {env.max_tokens}")
+    if env.eval_episodes is not None and env.eval_episodes < 0:
+        raise ValueError(
+            f"{name}.eval_episodes must be >= 0 (0: not evaluated), got {env.eval_episodes}"
+        )
     if env.judge_weight < 0 or env.outcome_weight < 0:
         raise ValueError(f"{name}.judge_weight and {name}.outcome_weight must be >= 0")
 

@@ -75,7 +75,11 @@ class EpisodeAborted(RuntimeError):
 
     The step ends the episode, truncated, with reward 0, the reason as its one error
     observation and in `info["aborted"]`: a bad episode is data, and a training run that
-    meets one goes on. `_on_episode_end` still runs.
+    meets one goes on. `_on_episode_end` still runs. Any other exception out of a tool or
+    a hook ends the step the same way, and one out of `_on_episode_end` ends it with no
+    added reward; both are logged with their traceback and named in `info["failed"]` as
+    well (the env's fault rather than the action's: a rollout records the episode failed,
+    not trained on).
     """
 
 
@@ -259,6 +263,7 @@ class AgentEnv(gym.Env[list[Message], Action]):
             raise RuntimeError("step() called on a finished episode; call reset() first")
         self._turn += 1
         aborted: str | None = None
+        failed: str | None = None  # the env's own fault, not the action's (a bug, a dead sandbox)
         try:
             observation, reward, terminated = self._act(action)
             if not terminated:
@@ -270,15 +275,27 @@ class AgentEnv(gym.Env[list[Message], Action]):
             aborted = str(error)
             observation = [error_message(f"{aborted}; the episode is over")]
             reward, terminated = 0.0, False
+        except Exception as error:  # a bad episode is data: no action may end the caller
+            logger.exception("episode of %s cut off by an error of the env", self.task_id)
+            aborted = failed = f"{type(error).__name__}: {error}"
+            observation = [error_message(f"the environment failed ({failed}); the episode is over")]
+            reward, terminated = 0.0, False
         truncated = not terminated and (aborted is not None or self._turn >= self.max_turns)
         self._finished = terminated or truncated
         if self._finished:
-            end = self._on_episode_end(terminated, truncated)
+            try:
+                end = self._on_episode_end(terminated, truncated)
+            except Exception as error:
+                logger.exception("the end of an episode of %s failed", self.task_id)
+                failed = failed or f"{type(error).__name__}: {error}"
+                end = EpisodeEnd()
             observation += end.messages
             reward += end.reward
         info = {"task_id": self.task_id, "turn": self._turn} | self._info()
         if aborted is not None:
             info["aborted"] = aborted
+        if failed is not None:
+            info["failed"] = failed
         return copy.deepcopy(observation), float(reward), terminated, truncated, info
 
     def _act(self, action: Action) -> tuple[list[Message], float, bool]:

@@ -1,7 +1,8 @@
 """Held-out evaluation during training: before the first step, every `eval.every` steps and
-after the last, each env of the run plays `eval.episodes` held-out tasks (its kwargs with
-`eval_kwargs`, the test split by default) greedily, and each env's pass@1 (with its Wilson
-interval) and mean reward are logged per env and plotted (`eval.png`).
+after the last, each env of the run plays `eval.episodes` (or its own `eval_episodes`)
+held-out tasks (its kwargs with `eval_kwargs`, the test split by default) greedily, and
+each env's pass@1 (with its Wilson interval) and mean reward are logged per env and plotted
+(`eval.png`).
 
 Evaluation episodes reach the policy through the proxy like every rollout, as side turns
 (`X-Turn-Type: side`) of sessions labelled `eval/<env>`: they are stored, so what was
@@ -117,16 +118,21 @@ class Evaluator:
     ):
         self.config, self.seat, self.metrics, self.run_dir = config, seat, metrics, Path(run_dir)
         self.sampling = dataclasses.replace(sampling, temperature=0.0)
+        self.episodes = {
+            name: config.episodes if env.eval_episodes is None else env.eval_episodes
+            for name, env in envs.items()
+        }
         self.makers = {
             name: make_env(dataclasses.replace(env, kwargs={**env.kwargs, **env.eval_kwargs}))
             for name, env in envs.items()
+            if self.episodes[name] > 0
         }
         self.max_tokens = {name: env.max_tokens for name, env in envs.items()}
-        self.history: dict[str, list[EvalScore]] = {name: [] for name in envs}
+        self.history: dict[str, list[EvalScore]] = {name: [] for name in self.makers}
 
     @property
     def enabled(self) -> bool:
-        return self.config.episodes > 0 and bool(self.makers)
+        return bool(self.makers)
 
     def due(self, step: int) -> bool:
         """Whether step `step` (just finished) is an evaluation step besides the last."""
@@ -191,7 +197,7 @@ class Evaluator:
         probe = make()
         try:
             every_id = sorted(probe.unwrapped.task_ids())  # type: ignore[attr-defined]
-            task_ids = evenly_spaced(every_id, self.config.episodes)
+            task_ids = evenly_spaced(every_id, self.episodes[name])
         finally:
             probe.close()
         sampling = sampling_params(self.sampling, EVAL_SEED)

@@ -9,18 +9,50 @@ sandbox started; it is idempotent and safe to call from another thread or while 
 Every command runs in one long-lived bash per sandbox, so the working directory, shell
 variables and exported environment persist between commands. The host speaks to that
 shell over its stdin, stdout and stderr: a command is sent as a quoted here-document and
-`eval`ed with stdin from /dev/null; after it, the shell prints a per-session marker with
-the exit status on stdout and the working directory on stderr, so the host knows where
-each command's output ends without a process per command. When a command outlives its
+`eval`ed with stdin from /dev/null; after it, the shell prints an end marker with the
+exit status on stdout and the working directory on stderr, so the host knows where each
+command's output ends without a process per command. When a command outlives its
 timeout every process but the shell is killed; if the shell itself is stuck (a builtin
 loop) or has exited, a new shell starts with the last working directory and exported
-variables restored. Backends (`bwrap.py`, `docker.py`) only supply the channel to a shell
-and the means to kill.
+variables restored. Backends (`bwrap.py`, `docker.py`) only supply the channel to a shell,
+the means to kill and the measure of the sandbox's files.
+
+The end marker cannot be forged by the command it ends. It carries a fresh random nonce
+per command, sent on the line after the `eval` line: bash reads a pipe one byte at a time
+(so that what it runs may read the rest), so that line stays unread in the pipe until
+`eval` returns, and nothing in the shell's memory (variables, functions, `set` output)
+holds it while the command runs. The host accepts only that command's nonce. What is
+left: a process of the agent may open the shell's stdin pipe through /proc (bash keeps
+it on fd 10 while `eval` reads /dev/null) and steal the unread line, where the pipe is
+the agent's to open (the docker backend, where the agent is root; bwrap without root;
+not bwrap as root, where the pipe belongs to the host's root); or it may redefine the
+builtins that line calls (a function named `builtin`, a DEBUG trap) and forge the end
+once its command has returned. Either way the next command kills whatever was left
+running and, if the shell does not answer it, replaces the shell at its timeout; graders
+restart the shell or use a fresh sandbox, so a forged end buys the agent only a false
+observation.
+
+Processes a command leaves running (`cmd &`, `nohup`, daemons) are killed when the next
+command starts, unless `SandboxConfig.keep_background` says otherwise: a leftover would
+otherwise run on between commands outside any timeout, writing files or using the CPU,
+and no environment of this project needs one (task set-ups and graders run in the
+foreground). A command that needs a server starts it and uses it in the same command.
+
+The sandbox's files (what the agent can write: the writable directories and /tmp, or a
+container's whole layer) have a budget of bytes and of files (`disk_mb`, `max_files`).
+Backends measure them from the host; the usage is checked before each command, every
+0.1 s or so while it runs (less often for a large tree, so that measuring costs at most a
+tenth of the time) and after it. A command that grows the files past the budget is
+stopped (as a timed-out one is) and the agent reads why; while over budget, commands run
+but any that adds files is stopped, so deleting is how the agent gets back under. A fast
+writer can overshoot by what it writes between two checks (a single file is bounded by
+`max_file_mb`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -38,6 +70,12 @@ STDOUT, STDERR = 1, 2
 TIMEOUT_EXIT_CODE = 124  # what coreutils' `timeout` returns
 _STATE_FILE = "/tmp/.clawgym-shell-state"
 _GRACE_SECONDS = 1.0  # after a timeout kill, how long the shell gets to report back
+_END = "__clawgym_end_"  # the end marker is _END + the command's nonce + "__"
+# Disk checks while a command runs: every 0.1 s, or ten times as long as a measure took
+# (a tree of 100,000 files takes about 0.2 s), so that measuring costs a tenth of a core.
+_DISK_CHECK_SECONDS = (0.1, 2.0)
+_DISK_CHECK_COST = 10.0
+_MB = 1024 * 1024
 
 S = TypeVar("S", bound="Sandbox")
 
@@ -67,6 +105,12 @@ class SandboxConfig:
         cpu_seconds: CPU time of any one process before the kernel kills it.
         max_file_mb: largest file a process may write.
         max_read_mb: largest file `read_file` returns.
+        disk_mb: bytes the sandbox's files may take on disk in all (see the module
+            docstring); a gigabyte holds any task's tree and build outputs many times over.
+        max_files: files, directories and links the sandbox's files may count; 100,000
+            holds a large project with its git objects (a SWE workspace holds thousands).
+        keep_background: let processes a command leaves running live on into the next
+            commands; by default each command starts with none but the shell.
     """
 
     workdir: str = "/workspace"
@@ -81,6 +125,9 @@ class SandboxConfig:
     cpu_seconds: int = 600
     max_file_mb: int = 256
     max_read_mb: int = 64
+    disk_mb: int = 1024
+    max_files: int = 100_000
+    keep_background: bool = False
 
     def __post_init__(self) -> None:
         for path in (self.workdir, *self.writable, *self.readonly):
@@ -98,6 +145,8 @@ class SandboxConfig:
             "cpu_seconds": self.cpu_seconds,
             "max_file_mb": self.max_file_mb,
             "max_read_mb": self.max_read_mb,
+            "disk_mb": self.disk_mb,
+            "max_files": self.max_files,
         }
         for name, value in numbers.items():
             if value <= 0:
@@ -135,6 +184,46 @@ class ExecResult:
         return bool(self.stdout_omitted or self.stderr_omitted)
 
 
+@dataclass(frozen=True)
+class DiskUsage:
+    """What a sandbox's files take on the host's disk.
+
+    Attributes:
+        bytes: bytes of allocated blocks (a sparse file counts what it uses; a file with
+            several links counts once).
+        files: files, directories and links.
+    """
+
+    bytes: int
+    files: int
+
+    def over(self, config: SandboxConfig) -> bool:
+        """Whether this is past the budget of `config`."""
+        return self.bytes > config.disk_mb * _MB or self.files > config.max_files
+
+    def grew_past(self, start: DiskUsage, config: SandboxConfig) -> bool:
+        """Whether a command that began at `start` pushed the bytes or the files up and
+        past the budget; one that only deletes never did, so an agent over budget can
+        always clean up."""
+        return self.bytes > max(start.bytes, config.disk_mb * _MB) or self.files > max(
+            start.files, config.max_files
+        )
+
+    def note(self, config: SandboxConfig, stopped: bool) -> str:
+        """What the agent reads when this is over the budget."""
+        used = f"{self.bytes / _MB:.0f} MB in {self.files} files"
+        budget = f"{config.disk_mb} MB and {config.max_files} files"
+        if stopped:
+            return (
+                f"\n[error] the command was stopped: the sandbox's files ({used}) grew past "
+                f"its disk budget of {budget}; delete files to go on\n"
+            )
+        return (
+            f"\n[error] the sandbox's files ({used}) are over its disk budget of {budget}; "
+            "a command that adds files is stopped until enough are deleted\n"
+        )
+
+
 class ShellChannel(ABC):
     """A byte pipe to one running bash: its stdin, and its stdout and stderr."""
 
@@ -159,7 +248,6 @@ class Sandbox(ABC):
 
     def __init__(self, config: SandboxConfig):
         self.config = config
-        self._mark = f"__clawgym_{secrets.token_hex(8)}__".encode()
         self._exec_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._closed = False
@@ -187,6 +275,11 @@ class Sandbox(ABC):
 
     def _shell_status(self) -> int | None:
         """The exit status of a shell that ended by itself, when the backend knows it."""
+        return None
+
+    def _disk_usage(self) -> DiskUsage | None:
+        """What the sandbox's files take now, measured from the host; None where the
+        backend cannot measure it (then the disk budget is not enforced)."""
         return None
 
     @abstractmethod
@@ -219,7 +312,7 @@ class Sandbox(ABC):
                 self._recover()
             self._ensure_shell()
             self._dirty = True
-            before = self._relieve_process_limit()  # a bomb that filled up since the last one
+            before = self._clear_leftovers()
             result = self._run(cmd.replace("\0", ""), limit)
             self._dirty = False
             return replace(result, stderr=before.lstrip("\n") + result.stderr) if before else result
@@ -234,7 +327,9 @@ class Sandbox(ABC):
             self._ensure_shell(restore=False)
 
     def close(self) -> None:
-        """Ends every process of the sandbox and frees it; idempotent and thread-safe."""
+        """Ends every process of the sandbox and frees it; idempotent and thread-safe. It
+        never raises: whatever the agent made of the sandbox, the next episode's reset
+        closes this one first (a failure to free is logged; the reapers retry)."""
         with self._state_lock:
             if self._closed:
                 return
@@ -242,6 +337,8 @@ class Sandbox(ABC):
         channel, self._channel = self._channel, None
         try:
             self._release()
+        except Exception:
+            logger.exception("%s sandbox: freeing it failed", self.backend)
         finally:
             if channel is not None:
                 channel.close()
@@ -265,23 +362,17 @@ class Sandbox(ABC):
         if self._channel is not None:
             return
         self._channel = self._open_shell()
-        mark = self._mark.decode()
+        nonce = secrets.token_hex(16)
         dirs = " ".join(_quote(p) for p in self.config.writable)
-        state = f". {_STATE_FILE} 2>/dev/null" if restore else f"rm -f {_STATE_FILE}"
+        # the saved state is the agent's to write: it must not read the lines that follow
+        state = f". {_STATE_FILE} </dev/null 2>/dev/null" if restore else f"rm -f {_STATE_FILE}"
         init = (
-            f"__cg_mark={mark}\n"
-            # xtrace is paused so that a `set -x` of the agent cannot echo the marker
-            "__cg_done() { { __cg_x=$-; set +x; } 2>/dev/null; "
-            'printf \'%s%d\\n\' "$__cg_mark" "$1"; '
-            'printf \'%s%s\\n\' "$__cg_mark" "$PWD" >&2; '
-            f"export -p >{_STATE_FILE} 2>/dev/null; "
-            "case $__cg_x in *x*) set -x;; esac; }\n"
             f"{state}\n"
             f"mkdir -p -- {dirs} 2>/dev/null; cd -- {_quote(self._cwd)} 2>/dev/null || cd /\n"
-            "__cg_done 0\n"
+            f"{_end_line(nonce, status='0')}\n"
         )
         self._send(init)
-        if self._collect(self.config.timeout + 30.0) is None:
+        if self._collect(self.config.timeout + 30.0, nonce) is None:
             self._drop_shell(keep_shell=False)
             raise SandboxError("the sandbox's shell did not start")
 
@@ -293,67 +384,118 @@ class Sandbox(ABC):
         channel.send(text.encode())
 
     def _run(self, cmd: str, limit: float) -> ExecResult:
+        start = self._disk_usage()
+        nonce = secrets.token_hex(16)
         delimiter = f"__CLAWGYM_EOF_{secrets.token_hex(8)}"
+        # The end line waits unread in the pipe while the command runs (module docstring).
         self._send(
             f"IFS= read -r -d '' __cg_cmd <<'{delimiter}'\n{cmd}\n{delimiter}\n"
-            'eval "$__cg_cmd" </dev/null\n__cg_done $?\n'
+            f'eval "$__cg_cmd" </dev/null\n{_end_line(nonce)}\n'
         )
-        streams = self._collect(limit)
+        streams = self._collect(limit, nonce, start=start)
         if streams is not None:
-            return self._check_process_limit(self._result(streams, False, False))
+            result = self._check_process_limit(self._result(streams, "done", restarted=False))
+            return self._check_disk(result, start, stopped=False)
+        assert self._last is not None
+        stopped = self._last[2] == "disk"
+        return self._check_disk(self._stop(nonce), start, stopped=stopped)
+
+    def _stop(self, nonce: str) -> ExecResult:
+        """The result of a command `_collect` gave up on: one past its timeout or the disk
+        budget has every process but the shell killed and the shell a moment to report;
+        a shell that does not (a builtin loop), that exited or that goes on adding files
+        meanwhile (a loop of the shell writing with children) is replaced."""
         assert self._last is not None
         out, err, reason = self._last
-        if reason == "timeout":
+        if reason in ("timeout", "disk"):
             self._kill_processes(keep_shell=True)
-            streams = self._collect(_GRACE_SECONDS, (out, err))
+            # measured again after the kill: any growth from here is the shell's own loop
+            stopped_at = self._disk_usage()
+            streams = self._collect(_GRACE_SECONDS, nonce, (out, err), start=stopped_at)
             if streams is not None:
-                return self._result(streams, timed_out=True, restarted=False)
-        status = None if reason == "timeout" else self._shell_status()
+                return self._result(streams, reason, restarted=False)
+        status = self._shell_status() if reason == "exited" else None
         self._recover()
-        result = self._result((out, err), timed_out=reason == "timeout", restarted=True)
+        result = self._result((out, err), reason, restarted=True)
         return result if status is None else replace(result, exit_code=status)
 
     def _collect(
-        self, limit: float, streams: tuple[StreamEnd, StreamEnd] | None = None
+        self,
+        limit: float,
+        nonce: str,
+        streams: tuple[StreamEnd, StreamEnd] | None = None,
+        start: DiskUsage | None = None,
     ) -> tuple[StreamEnd, StreamEnd] | None:
-        """Reads until both marker lines arrived; None on timeout or a dead shell (the
-        partial streams and the reason are left in `self._last`)."""
+        """Reads until both end lines of the command with `nonce` arrived; None on timeout,
+        a dead shell or, given the files' usage at the `start` of the command, files grown
+        past the disk budget (the partial streams and the reason are left in `self._last`)."""
         cap = self.config.max_output
-        out, err = streams or (StreamEnd(self._mark, cap), StreamEnd(self._mark, cap))
+        mark = f"{_END}{nonce}__".encode()
+        out, err = streams or (StreamEnd(mark, cap), StreamEnd(mark, cap))
         deadline = time.monotonic() + limit
+        check = math.inf if start is None else time.monotonic() + _DISK_CHECK_SECONDS[0]
         channel = self._channel  # close() from another thread may clear the attribute
         if channel is None:
             self._check_open()
             raise SandboxError("the sandbox's shell is not running")
         while out.value is None or err.value is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 self._last = (out, err, "timeout")
                 return None
-            chunks = channel.read(min(remaining, 0.5))
+            chunks = channel.read(min(deadline, check, now + 0.5) - now)
             if chunks is None:
                 self._check_open()
                 self._last = (out, err, "exited")
                 return None
             for stream, data in chunks:
                 (out if stream == STDOUT else err).feed(data)
+            ended = out.value is not None or err.value is not None
+            if start is not None and not ended and time.monotonic() >= check:
+                next_check = self._next_disk_check(start)
+                if next_check is None:
+                    self._last = (out, err, "disk")
+                    return None
+                check = next_check
         return out, err
 
+    def _next_disk_check(self, start: DiskUsage) -> float | None:
+        """Measures the sandbox's files: None when the command grew them past the budget,
+        else when to measure next (sooner for a small tree, later for a large one)."""
+        began = time.monotonic()
+        usage = self._disk_usage()
+        if usage is not None and usage.grew_past(start, self.config):
+            return None
+        now = time.monotonic()
+        low, high = _DISK_CHECK_SECONDS
+        return now + min(high, max(low, _DISK_CHECK_COST * (now - began)))
+
+    def _check_disk(self, result: ExecResult, start: DiskUsage | None, stopped: bool) -> ExecResult:
+        """`result` with the disk budget's note when the command was stopped for it or the
+        sandbox's files are over it now."""
+        usage = self._disk_usage() if start is not None else None
+        if usage is None or not (stopped or usage.over(self.config)):
+            return result
+        return replace(result, stderr=result.stderr + usage.note(self.config, stopped))
+
     def _result(
-        self, streams: tuple[StreamEnd, StreamEnd], timed_out: bool, restarted: bool
+        self, streams: tuple[StreamEnd, StreamEnd], reason: str, restarted: bool
     ) -> ExecResult:
+        """The result of a command that ended for `reason` ("done", "timeout", "disk" or
+        "exited")."""
         out, err = streams
         stdout, stdout_omitted = out.output.value()
         stderr, stderr_omitted = err.output.value()
         if err.value is not None:
             self._cwd = err.value.decode(errors="replace") or self._cwd
+        timed_out = reason == "timeout"
         if timed_out:
             code = TIMEOUT_EXIT_CODE
         elif out.value is not None and out.value.isdigit():
             code = int(out.value)
         else:
             code = 1
-        if restarted and not timed_out:
+        if restarted and reason == "exited":
             stderr += b"\n[the shell exited; a new one was started]\n"
         return ExecResult(
             exit_code=code,
@@ -370,6 +512,14 @@ class Sandbox(ABC):
         useless for the next command: every process but the shell is killed, visibly."""
         note = self._relieve_process_limit()
         return replace(result, stderr=result.stderr + note) if note else result
+
+    def _clear_leftovers(self) -> str:
+        """Kills what earlier commands left running, unless `keep_background`; the note for
+        the agent when it had filled the process limit (a fork bomb), else ""."""
+        note = self._relieve_process_limit()
+        if not note and not self.config.keep_background:
+            self._kill_processes(keep_shell=True)
+        return note
 
     def _relieve_process_limit(self) -> str:
         """Kills every process but the shell when the sandbox is at its process limit; the
@@ -396,6 +546,33 @@ class Sandbox(ABC):
         if channel is not None:
             channel.close()
 
+    # -- trees (envs/sandbox/trees.py) ---------------------------------------------------
+    def export_tree(self, path: str) -> bytes:
+        """The directory `path` as a tar archive of its directories, regular files and
+        links, named relative to it (empty when it does not exist). Kills every process
+        of the sandbox first, so nothing the agent left running changes it meanwhile.
+        Raises `SandboxError` past the budgets of `trees.py`."""
+        with self._exec_lock:
+            self._check_open()
+            self._drop_shell(keep_shell=False)
+            self._dirty = False
+            return self._export_tree(path)
+
+    def import_tree(self, path: str, archive: bytes) -> None:
+        """Unpacks an `export_tree` archive into the directory `path` (created if need be),
+        over what is there."""
+        with self._exec_lock:
+            self._check_open()
+            self._import_tree(path, archive)
+
+    @abstractmethod
+    def _export_tree(self, path: str) -> bytes:
+        """`export_tree` of the backend, its processes already killed."""
+
+    @abstractmethod
+    def _import_tree(self, path: str, archive: bytes) -> None:
+        """`import_tree` of the backend."""
+
 
 @contextmanager
 def closed_on_failure(sandbox: S) -> Iterator[S]:
@@ -414,3 +591,18 @@ def closed_on_failure(sandbox: S) -> Iterator[S]:
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _end_line(nonce: str, status: str = "$?") -> str:
+    """The shell line that ends a command: the end marker with the status on stdout and
+    with the working directory on stderr, then the exports saved for a new shell. printf
+    assembles the marker, so the line as bash echoes it (`set -v`) does not hold it; xtrace
+    is paused so that an agent's `set -x` does not print it; `>|` writes through its
+    `set -C`."""
+    end = f"'{_END}%s__%s\\n' {nonce}"
+    return (
+        f"{{ __cg_s={status} __cg_x=$-; builtin set +x; }} 2>/dev/null; "
+        f'builtin printf {end} "$__cg_s"; builtin printf {end} "$PWD" >&2; '
+        f"builtin export -p >|{_STATE_FILE} 2>/dev/null; "
+        "case $__cg_x in *x*) builtin set -x;; esac"
+    )

@@ -3,13 +3,23 @@
 What it isolates:
 - network: a network namespace of its own with only a loopback device, so neither the
   internet nor the host's loopback services (127.0.0.1 of the host) can be reached;
-- file system: a fresh root holding the host's /usr and /etc read-only, its own /dev,
-  /proc and private /tmp; the configured `writable` directories are the only other
-  writable places, and the host's home directories, /work, /root, /var, runs and stores
-  are simply not there;
+- file system: a fresh root holding the host's /usr and /etc read-only, its own /dev
+  (read-only but for a 64 MB /dev/shm, as Docker's, with bubblewrap 0.5 or later), /proc
+  and private /tmp; the configured `writable` directories are the only other writable
+  places, and the host's home directories, /work, /root, /var, runs and stores are simply
+  not there;
+- disk: /tmp and the writable directories are host directories under one temporary root,
+  held together to `disk_mb` and `max_files` (measured from the host; see base.py for how
+  commands are stopped); a size-limited tmpfs would bound them in the kernel, but the
+  host reads and writes those directories (files, trees, graders), and a tmpfs is memory;
 - processes: pid, ipc, uts and user namespaces; the sandbox cannot see or signal host
   processes, and every process dies with the sandbox (`--die-with-parent`, and a kill of
-  the whole tree on close);
+  the whole tree on close); the root directory and cgroups of a sandbox whose owning
+  process died without closing it (named after that process's pid and start time) are
+  removed by the first sandbox of a later process (`reap_orphans`);
+- environment: bwrap itself, its init and the shell start from an explicit environment
+  (PATH, HOME, LANG, TERM and the config's `env`), so none of the trainer's variables (API
+  keys of a judge or W&B) is readable, not even in `/proc/1/environ`;
 - resources: as root it runs under a uid of its own in cgroups (memory, pids, cpu) where
   the host allows creating them, and always under rlimits (processes, address space, CPU
   seconds per process, file size).
@@ -17,7 +27,9 @@ What it isolates:
 What it does not isolate:
 - the kernel: it is shared, so a kernel exploit escapes (use the docker backend, or a VM);
 - the host's installed software is visible read-only (/usr, /etc), including its versions;
-- disk use of the workspace and /tmp is bounded per file, not in total;
+- the disk budget is checked, not enforced by the kernel: a fast writer overshoots it by
+  what it writes between two checks; without root, a directory the agent makes unreadable
+  (chmod 000) hides its contents from the measure;
 - without root (no dedicated uid, no cgroups) process and memory limits are per-process
   rlimits only, and processes count against the calling user's total.
 """
@@ -25,12 +37,14 @@ What it does not isolate:
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -41,12 +55,20 @@ from pathlib import Path
 from envs.sandbox.base import (
     STDERR,
     STDOUT,
+    DiskUsage,
     Sandbox,
     SandboxConfig,
     SandboxError,
     ShellChannel,
 )
-from envs.sandbox.limits import HostLimits
+from envs.sandbox.limits import (
+    HostLimits,
+    cgroups_named,
+    disk_usage,
+    process_start_time,
+    remove_cgroups,
+)
+from envs.sandbox.trees import pack_directory, unpack_directory
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +77,21 @@ _SPAWNER: ThreadPoolExecutor | None = None
 _SPAWNER_LOCK = threading.Lock()
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_SHM_BYTES = 64 * 1024 * 1024  # Docker's default size of /dev/shm
+_PREFIX = "clawgym-bwrap-"  # sandbox roots are _PREFIX + "<pid>-<start time>-<random>"
+_reaped = threading.Event()
 
 
 def bwrap_available() -> bool:
     """Whether `bwrap` is installed (it may still fail where user namespaces are off)."""
     return shutil.which("bwrap") is not None
+
+
+@functools.cache
+def _sizes_tmpfs() -> bool:
+    """Whether this bwrap can give a tmpfs a size (`--size`, bubblewrap 0.5 and later)."""
+    result = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, check=False)
+    return "--size" in result.stdout
 
 
 class PipeChannel(ShellChannel):
@@ -127,7 +159,11 @@ class BwrapSandbox(Sandbox):
         super().__init__(config or SandboxConfig())
         if not bwrap_available():
             raise SandboxError("bubblewrap is not installed; run scripts/setup.sh as root")
-        self.root = Path(tempfile.mkdtemp(prefix=f"clawgym-bwrap-{os.getpid()}-"))
+        if not _reaped.is_set():
+            _reaped.set()
+            reap_orphans()
+        pid = os.getpid()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{pid}-{process_start_time(pid)}-"))
         self.root.chmod(0o711)  # the sandbox uid must reach its mounts, not list them
         self.uid = _sandbox_uid()
         self.mounts = self._make_mounts()
@@ -156,7 +192,11 @@ class BwrapSandbox(Sandbox):
                 argv += ["--symlink", os.readlink(host), f"/{name}"]
             elif host.is_dir():
                 argv += ["--ro-bind", str(host), f"/{name}"]
-        argv += ["--dev", "/dev", "--proc", "/proc"]
+        argv += ["--dev", "/dev"]
+        if _sizes_tmpfs():  # else /dev stays a writable tmpfs, bounded by memory alone
+            argv += ["--perms", "1777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
+            argv += ["--remount-ro", "/dev"]
+        argv += ["--proc", "/proc"]
         for path, host in self.mounts.items():
             kind = "--ro-bind" if path in self.config.readonly else "--bind"
             argv += [kind, str(host), path]
@@ -186,6 +226,9 @@ class BwrapSandbox(Sandbox):
             return None if self._process is None else self._process.wait(timeout=1)
         except subprocess.TimeoutExpired:
             return None
+
+    def _disk_usage(self) -> DiskUsage | None:
+        return disk_usage([h for p, h in self.mounts.items() if p not in self.config.readonly])
 
     def _kill_processes(self, keep_shell: bool) -> None:
         process = self._process
@@ -234,7 +277,7 @@ class BwrapSandbox(Sandbox):
     def _release(self) -> None:
         self._kill_processes(keep_shell=False)
         self.limits.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
 
     # -- files ---------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str) -> None:
@@ -243,12 +286,15 @@ class BwrapSandbox(Sandbox):
         host_dir, parts = self._locate(path)
         fd = _open_dir(host_dir, parts[:-1], create=True, uid=self._owner(path))
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
                 file_fd = os.open(parts[-1], flags, 0o644, dir_fd=fd)
             except OSError as error:
                 raise SandboxError(f"cannot write {path}: {_reason(error)}") from None
             with os.fdopen(file_fd, "wb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise SandboxError(f"cannot write {path}: it is not a regular file")
+                handle.truncate()
                 handle.write(payload)
                 if self._owner(path) is not None:
                     os.fchown(handle.fileno(), self.uid, self.uid)
@@ -261,11 +307,15 @@ class BwrapSandbox(Sandbox):
         host_dir, parts = self._locate(path)
         fd = _open_dir(host_dir, parts[:-1], create=False, uid=None, shown=path)
         try:
+            # O_NONBLOCK: opening a fifo the agent left would wait for a writer forever
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
-                file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                file_fd = os.open(parts[-1], flags, dir_fd=fd)
             except OSError as error:
                 raise SandboxError(f"cannot read {path}: {_reason(error)}") from None
             with os.fdopen(file_fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise SandboxError(f"cannot read {path}: it is not a regular file")
                 data = handle.read(limit + 1)
         finally:
             os.close(fd)
@@ -291,10 +341,45 @@ class BwrapSandbox(Sandbox):
         writable = not any(path.startswith(m.rstrip("/") + "/") for m in self.config.readonly)
         return self.uid if writable and os.geteuid() == 0 else None
 
+    # -- trees ---------------------------------------------------------------------------
+    def _export_tree(self, path: str) -> bytes:
+        return pack_directory(self._tree_dir(path), path)
+
+    def _import_tree(self, path: str, archive: bytes) -> None:
+        unpack_directory(archive, self._tree_dir(path), self._owner(path.rstrip("/") + "/x"))
+
+    def _tree_dir(self, path: str) -> Path:
+        """The host directory of a sandbox directory, reached without following a link."""
+        if path.rstrip("/") in self.mounts:
+            return self.mounts[path.rstrip("/")]
+        host_dir, parts = self._locate(path)
+        for depth in range(1, len(parts) + 1):
+            if (host_dir.joinpath(*parts[:depth])).is_symlink():
+                raise SandboxError(f"{path}: a component is a symbolic link")
+        return host_dir.joinpath(*parts)
+
+
+def remove_tree(root: Path) -> None:
+    """Removes a sandbox's host directory whatever the agent made of it: `rm` walks a
+    thousand-level tree that `shutil.rmtree` meets with a `RecursionError`, and the
+    permissions it took away (chmod 000) are given back first where we are not root."""
+    if not root.exists():
+        return
+    command = ["rm", "-rf", "--one-file-system", "--", str(root)]
+    if subprocess.run(command, capture_output=True, check=False).returncode != 0:
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(root)], capture_output=True, check=False)
+        result = subprocess.run(command, capture_output=True, check=False)
+        if result.returncode != 0:
+            logger.warning("cannot remove %s: %s", root, result.stderr.decode(errors="replace"))
+
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    # An explicit, empty environment: bwrap's own init (pid 1 inside) is a fork of bwrap, so
+    # `/proc/1/environ` shows whatever bwrap was started with, whatever `--clearenv` does
+    # for the shell; the trainer's API keys must not be there.
     return subprocess.Popen(
         argv,
+        env={"PATH": _PATH},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -348,6 +433,8 @@ def _open_dir(root: Path, parts: list[str], create: bool, uid: int | None, shown
 def _reason(error: OSError) -> str:
     if error.errno == errno.ELOOP:
         return "it is a symbolic link, which is not followed out of the sandbox"
+    if error.errno == errno.ENXIO:
+        return "it is a fifo (or socket) nobody reads"
     if error.errno == errno.ENOTDIR:
         return "a component is not a directory (symbolic links are not followed)"
     return os.strerror(error.errno or 0).lower()
@@ -402,3 +489,29 @@ def _descendants(pid: int) -> list[int]:
         found += children
         frontier = children
     return found
+
+
+def reap_orphans() -> list[str]:
+    """Removes the sandbox roots (in the temporary directory) and cgroups whose owning
+    process is gone, killing what still runs in those cgroups first; returns their names.
+    Owners are processes of this machine's pid namespace, as those sharing its /tmp are."""
+    roots = {path.name: path for path in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*")}
+    groups = cgroups_named(_PREFIX)
+    orphans = sorted(name for name in roots.keys() | groups.keys() if not _owner_alive(name))
+    for name in orphans:
+        remove_cgroups(groups.get(name, []))
+        if name in roots and roots[name].is_dir() and not roots[name].is_symlink():
+            remove_tree(roots[name])
+    if orphans:
+        logger.info("reaped %d orphaned bwrap sandboxes", len(orphans))
+    return orphans
+
+
+def _owner_alive(name: str) -> bool:
+    """Whether the process that made the sandbox root or cgroup `name` still runs: its pid,
+    and its start time where the name has one (older names had only the pid)."""
+    fields = name[len(_PREFIX) :].split("-")
+    if not fields[0].isdigit():
+        return True  # not a name of ours: left alone
+    started = process_start_time(int(fields[0]))
+    return started != "" and (len(fields) < 3 or fields[1] == started)

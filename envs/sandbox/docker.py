@@ -11,13 +11,20 @@ What it isolates:
   died without closing them (they are labelled with the parent's boot id, pid and start);
 - resources: memory (swap included), pids and CPU limits of the container's cgroup,
   rlimits on file size and CPU seconds per process,
-  no capabilities beyond file ownership and signals, `no-new-privileges`.
+  no capabilities beyond file ownership and signals, `no-new-privileges`;
+- disk: the container's writable layer (every file it wrote or changed, anywhere: /tmp,
+  the workspace, /root) is held to `disk_mb` and `max_files`, measured from the host in
+  overlay2's upper directory (see base.py for how commands are stopped); `--storage-opt
+  size=` would need overlay2 on XFS with project quotas, and a tmpfs over the workspace
+  would hide the image's tree there (a SWE project's /testbed).
 
 What it does not isolate:
 - the kernel is shared with the host (containers are not VMs);
 - the agent is root inside its container, so the `readonly` directories are only
   read-only by convention: graders wipe and rewrite them before use;
-- the container's writable layer is bounded per file (rlimit), not in total;
+- the disk budget where the layer cannot be walked from here (not root, another storage
+  driver than overlay2, a daemon on another machine): then only the per-file rlimit holds;
+- /dev/shm, Docker's 64 MB tmpfs, is memory rather than disk and outside the budget;
 - the daemon itself: whoever can reach its socket controls the host.
 """
 
@@ -33,10 +40,22 @@ import socket
 import tarfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from envs.sandbox.base import STDERR, STDOUT, Sandbox, SandboxConfig, SandboxError, ShellChannel
+from envs.sandbox.base import (
+    STDERR,
+    STDOUT,
+    DiskUsage,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    ShellChannel,
+)
+from envs.sandbox.limits import disk_usage, process_start_time
+from envs.sandbox.trees import clean_archive
 
 logger = logging.getLogger(__name__)
 
@@ -50,20 +69,18 @@ LABEL = "clawgym.sandbox"
 OWNER_LABEL = "clawgym.owner"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
-# Kills every process but init, its first child (the keep-alive), this script and $1.
 _KILL = (
     "for d in /proc/[0-9]*; do p=${d#/proc/}; "
-    'read -r _ _ _ pp _ <"$d/stat" 2>/dev/null || continue; '
-    'read -r comm <"$d/comm" 2>/dev/null || continue; '
-    'if [ "$pp" = 1 ] && [ "$comm" = sleep ]; then continue; fi; '
-    'case $p in 1|$$|"$1") ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+    'case $p in 1|$$|"$1"|"$2") ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
 )
-"""Kills every process of the container but its init, the init's `sleep infinity` (the
-container ends with it) and the shell whose pid is `$1`. The keep-alive is found by its
-name, not as the init's lowest pid: a fork bomb's churn wraps pids around (pid_max is 32768
-here), and an orphan with a lower pid than the keep-alive's took its place. An orphaned
-`sleep` of the agent's is spared too: it forks nothing and ends by itself."""
+"""Kills every process of the container but its init, the keep-alive whose pid is `$2` (the
+container ends with it), the shell whose pid is `$1` and itself. The keep-alive's pid is
+read once, when the container starts and nothing else runs: found later by its name or as
+the init's lowest-numbered child, an agent's process named `sleep`, or an orphan whose pid
+wrapped around below it, would be spared."""
+_RESIDENTS = 3  # tasks of an idle container: its init, the keep-alive and the shell
 _reaped = threading.Event()
+_unmeasured = threading.Event()  # set once the disk budget was said to be unenforced
 
 
 def base_image_tag() -> str:
@@ -95,42 +112,43 @@ def _boot_id() -> str:
         return "unknown"
 
 
-def _start_time(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def _spared(host_pids: list[str], keep: str) -> set[str]:
-    """Host pids of the container's init, its keep-alive child (`sleep infinity`, found by
-    name as in `_KILL`) and the process whose pid inside the container is `keep` (the
-    shell)."""
-    inner: dict[str, tuple[str, str]] = {}  # host pid -> (pid inside, host parent pid)
+def _spared(host_pids: list[str], keep: str, keepalive: str) -> set[str]:
+    """Host pids of the container's init and the processes whose pids inside the container
+    are `keep` (the shell) and `keepalive` (the init's `sleep infinity`)."""
+    spared = set()
     for pid in host_pids:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        inner[pid] = (fields.get("NSpid", "").split()[-1:] or [""])[0], fields.get("PPid", "")
-    init = next((p for p, (ns, _) in inner.items() if ns == "1"), None)
-    keepalive = {p for p, (_, parent) in inner.items() if parent == init and _comm(p) == "sleep"}
-    spared = {p for p, (ns, _) in inner.items() if ns == keep}
-    return spared | keepalive | ({init} if init else set())
+        if (fields.get("NSpid", "").split()[-1:] or [""])[0] in ("1", keep, keepalive):
+            spared.add(pid)
+    return spared
 
 
-def _comm(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
+def _writable_layer(attrs: dict[str, Any]) -> Path | None:
+    """The host directory of a container's writable layer (overlay2's upper directory)
+    where this process can walk it: as root, with the daemon on this machine. None
+    elsewhere, and the disk budget is not enforced (said once)."""
+    data = (attrs.get("GraphDriver") or {}).get("Data") or {}
+    upper = data.get("UpperDir")
+    if upper and os.geteuid() == 0 and os.path.isdir(upper):
+        return Path(upper)
+    if not _unmeasured.is_set():
+        _unmeasured.set()
+        logger.warning(
+            "docker sandboxes' disk budget is not enforced: their writable layer (%s) cannot "
+            "be walked from here (run as root, with overlay2, on the daemon's machine)",
+            upper or "no overlay2 upper directory",
+        )
+    return None
 
 
 def owner_label() -> str:
     """Who owns a container: this boot, this pid and its start time (pids are reused)."""
     pid = os.getpid()
-    return f"{_boot_id()}:{pid}:{_start_time(pid)}"
+    return f"{_boot_id()}:{pid}:{process_start_time(pid)}"
 
 
 def reap_orphans(client: Any) -> list[str]:
@@ -143,7 +161,7 @@ def reap_orphans(client: Any) -> list[str]:
             boot == _boot_id()
             and pid_text.isdigit()
             and started != ""
-            and _start_time(int(pid_text)) == started
+            and process_start_time(int(pid_text)) == started
         )
         if boot == _boot_id() and not alive:
             try:
@@ -242,6 +260,22 @@ class DockerSandbox(Sandbox):
         self._shell_pid = "0"
         self._exec_id = ""
         self._pids_file: str | None = None
+        self._layer = _writable_layer(self.container.attrs)
+        self._keepalive = self._keepalive_pid()
+
+    def _keepalive_pid(self) -> str:
+        """The keep-alive's pid inside the container, read while it is the init's only child
+        (a `docker exec` is a child of no process in there)."""
+        try:
+            code, output = self.container.exec_run(["cat", "/proc/1/task/1/children"])
+        except Exception as error:
+            self.container.remove(force=True)
+            raise SandboxError(f"the container did not start: {error}") from None
+        children = output.decode(errors="replace").split()
+        if code != 0 or len(children) != 1 or not children[0].isdigit():
+            self.container.remove(force=True)
+            raise SandboxError(f"the container's keep-alive was not found: {output[:200]!r}")
+        return children[0]
 
     def _run_options(self) -> dict[str, Any]:
         from docker.types import Ulimit
@@ -312,11 +346,13 @@ class DockerSandbox(Sandbox):
     def _kill_processes(self, keep_shell: bool) -> None:
         if self._closed:
             return
+        if keep_shell and self._process_count() == _RESIDENTS:
+            return  # nothing runs but them: spares a `docker exec` per command without root
         keep = self._shell_pid if keep_shell else "0"
         if self._kill_from_host(keep):
             return
         try:
-            self.container.exec_run(["/bin/sh", "-c", _KILL, "sh", keep])
+            self.container.exec_run(["/bin/sh", "-c", _KILL, "sh", keep, self._keepalive])
         except Exception as error:  # the container may be gone already
             logger.debug("kill in %s failed: %s", self.container.name, error)
 
@@ -331,7 +367,7 @@ class DockerSandbox(Sandbox):
             members = Path(self._pids_file).with_name("cgroup.procs").read_text().split()
         except OSError:
             return False
-        spared = _spared(members, keep)
+        spared = _spared(members, keep, self._keepalive)
         for _ in range(3):  # a bomb forks while it is being killed
             for pid in members:
                 if pid not in spared:
@@ -370,6 +406,9 @@ class DockerSandbox(Sandbox):
             return None
         return None
 
+    def _disk_usage(self) -> DiskUsage | None:
+        return None if self._layer is None else disk_usage([self._layer])
+
     def _release(self) -> None:
         try:
             self.container.remove(force=True)
@@ -384,24 +423,37 @@ class DockerSandbox(Sandbox):
         payload = data.encode() if isinstance(data, str) else data
         absolute = self._absolute(path)
         parent = os.path.dirname(absolute)
-        code, output = self.container.exec_run(["mkdir", "-p", "--", parent])
-        if code != 0:
-            raise SandboxError(f"cannot write {path}: {output.decode(errors='replace').strip()}")
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(os.path.basename(absolute))
-            info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
-            tar.addfile(info, io.BytesIO(payload))
-        if not self.container.put_archive(parent, archive.getvalue()):
-            raise SandboxError(f"cannot write {path}")
+        with _sdk_errors(f"cannot write {path}"):
+            code, output = self.container.exec_run(["mkdir", "-p", "--", parent])
+            if code != 0:
+                reason = output.decode(errors="replace").strip()
+                raise SandboxError(f"cannot write {path}: {reason}")
+            archive = io.BytesIO()
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                info = tarfile.TarInfo(os.path.basename(absolute))
+                info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
+                tar.addfile(info, io.BytesIO(payload))
+            if not self.container.put_archive(parent, archive.getvalue()):
+                raise SandboxError(f"cannot write {path}")
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
         limit = self.config.max_read_mb * 1024 * 1024
-        # cat runs inside the container: links resolve in its file system, never the host's
-        code, (out, err) = self.container.exec_run(
-            ["head", "-c", str(limit + 1), "--", self._absolute(path)], demux=True
-        )
+        # head runs inside the container: links resolve in its file system, never the
+        # host's; `test -f` first, as a fifo the agent left would block `head` forever
+        with _sdk_errors(f"cannot read {path}"):
+            code, (out, err) = self.container.exec_run(
+                [
+                    "/bin/sh",
+                    "-c",
+                    'test -f "$1" || { echo "it is not a regular file" >&2; exit 1; }; '
+                    'exec timeout 60 head -c "$2" -- "$1"',
+                    "sh",
+                    self._absolute(path),
+                    str(limit + 1),
+                ],
+                demux=True,
+            )
         if code != 0:
             reason = (err or b"").decode(errors="replace").strip()
             raise SandboxError(f"cannot read {path}: {reason}")
@@ -410,7 +462,44 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"{path} is larger than {self.config.max_read_mb} MB")
         return data
 
+    # -- trees ---------------------------------------------------------------------------
+    def _export_tree(self, path: str) -> bytes:
+        from docker.errors import NotFound
+
+        # the daemon makes the archive from the container's file system: nothing of the
+        # agent's runs, and its links are recorded rather than followed
+        absolute = self._absolute(path).rstrip("/") or "/"
+        try:
+            with _sdk_errors(f"cannot export {path}"):
+                stream, _ = self.container.get_archive(absolute)
+                return clean_archive(stream, path, strip=1)
+        except SandboxError as error:
+            if isinstance(error.__cause__, NotFound):
+                return clean_archive([], path)
+            raise
+
+    def _import_tree(self, path: str, archive: bytes) -> None:
+        absolute = self._absolute(path)
+        with _sdk_errors(f"cannot import into {path}"):
+            code, output = self.container.exec_run(["mkdir", "-p", "--", absolute])
+            if code != 0 or not self.container.put_archive(absolute, archive):
+                raise SandboxError(f"cannot import into {path}: {output.decode().strip()}")
+
     def _absolute(self, path: str) -> str:
         if ".." in path.split("/"):
             raise SandboxError(f"{path}: '..' is not allowed in file paths")
         return path if path.startswith("/") else f"{self._cwd.rstrip('/')}/{path}"
+
+
+@contextmanager
+def _sdk_errors(what: str) -> Iterator[None]:
+    """The Docker SDK's errors (a name too long, a path under /proc, a container gone) as
+    the `SandboxError` that tools turn into an observation for the agent."""
+    from docker.errors import DockerException
+    from requests.exceptions import RequestException
+
+    try:
+        yield
+    except (DockerException, RequestException) as error:
+        explanation = getattr(error, "explanation", None) or str(error)
+        raise SandboxError(f"{what}: {explanation}") from error

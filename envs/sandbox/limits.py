@@ -3,6 +3,8 @@ them (v1 controllers, or v2 with the controllers delegated), rlimits everywhere.
 
 `HostLimits.wrap(argv)` returns a command line that joins the sandbox's cgroups, sets its
 rlimits with util-linux `prlimit` and then runs `argv`; `close()` removes the cgroups.
+`disk_usage` measures a sandbox's files from the host; `cgroups_named` and
+`remove_cgroups` let a reaper find and remove the cgroups of sandboxes whose owner died.
 Nothing here runs at import time.
 """
 
@@ -11,10 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox.base import SandboxConfig
+from envs.sandbox.base import DiskUsage, SandboxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -182,3 +189,145 @@ def _processes_of(uid: int) -> int:
             except OSError:
                 continue
     return count
+
+
+def process_start_time(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot), "" if there is none: with the
+    pid it names a process, as pids are reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def disk_usage(paths: Sequence[Path]) -> DiskUsage:
+    """What the trees at `paths` take on disk: allocated blocks (a file with several links
+    counts once) and entries, the roots included. Walked in this process, which costs tens
+    of microseconds for a small tree; a tree that a walk by path cannot take (a path past
+    PATH_MAX, a directory swapped for a link while walked) is left to find(1)."""
+    try:
+        return _walk(paths)
+    except _Unwalkable as error:
+        logger.debug("walking by path failed (%s); find(1) measures", error)
+        return _find(paths)
+
+
+class _Unwalkable(Exception):
+    """A tree that `_walk` cannot measure by path."""
+
+
+def _walk(paths: Sequence[Path]) -> DiskUsage:
+    """`disk_usage` by path, with a list rather than recursion (a tree may be thousands of
+    levels deep). A directory is entered only if it is the very one listed (same device and
+    inode, opened without following a link), so a link the agent swaps in meanwhile cannot
+    lead the walk out of the tree."""
+    blocks = files = 0
+    linked: set[tuple[int, int]] = set()
+    pending: list[tuple[str, tuple[int, int] | None]] = [(str(p), None) for p in paths]
+    while pending:
+        path, identity = pending.pop()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (FileNotFoundError, PermissionError):
+            continue  # deleted since it was listed, or made unreadable (find could not either)
+        except OSError as error:
+            raise _Unwalkable(f"{path[:80]}...: {error.strerror}") from None
+        try:
+            here = os.fstat(fd)
+            if identity is None:
+                files, blocks = files + 1, blocks + here.st_blocks
+            elif (here.st_dev, here.st_ino) != identity:
+                raise _Unwalkable(f"{path[:80]}... changed while walked")
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    files += 1
+                    if stat.S_ISDIR(info.st_mode):
+                        if info.st_dev == here.st_dev:
+                            pending.append((f"{path}/{entry.name}", (info.st_dev, info.st_ino)))
+                    elif info.st_nlink > 1:
+                        if (info.st_dev, info.st_ino) in linked:
+                            continue
+                        linked.add((info.st_dev, info.st_ino))
+                    blocks += info.st_blocks
+        finally:
+            os.close(fd)
+    return DiskUsage(bytes=blocks * 512, files=files)
+
+
+def _find(paths: Sequence[Path], timeout: float = 60.0) -> DiskUsage:
+    """`disk_usage` by find(1), which works from directory descriptors: no link followed,
+    no tree too deep. Past `timeout` (millions of files) what was counted so far is
+    returned."""
+    existing = [str(path) for path in paths if path.is_dir()]
+    if not existing:
+        return DiskUsage(bytes=0, files=0)
+    command = ["find", *existing, "-xdev", "-printf", "%n %b %D:%i\\n"]
+    try:
+        output = subprocess.run(command, capture_output=True, timeout=timeout).stdout
+    except subprocess.TimeoutExpired as error:
+        logger.warning("measuring %s took over %.0f s", existing, timeout)
+        output = error.stdout or b""
+    blocks = files = 0
+    linked: set[bytes] = set()
+    for line in output.splitlines():
+        links, size, inode = line.split(b" ")
+        files += 1
+        if links != b"1":  # a directory, or a file with other names: count its blocks once
+            if inode in linked:
+                continue
+            linked.add(inode)
+        blocks += int(size)
+    return DiskUsage(bytes=blocks * 512, files=files)
+
+
+def _controller_dirs() -> list[Path]:
+    """The directories `_cgroups` makes a sandbox's cgroups in."""
+    mounts = _mounts()
+    dirs = [mounts[name] for name in ("memory", "pids", "cpu") if name in mounts]
+    return dirs or ([mounts["unified"]] if "unified" in mounts else [])
+
+
+def cgroups_named(prefix: str) -> dict[str, list[Path]]:
+    """Name -> directories of every cgroup whose name starts with `prefix`, among those
+    this process can make (a sandbox has one per controller)."""
+    found: dict[str, list[Path]] = {}
+    for parent in _controller_dirs():
+        try:
+            entries = list(parent.glob(f"{prefix}*"))
+        except OSError:
+            continue
+        for path in entries:
+            found.setdefault(path.name, []).append(path)
+    return found
+
+
+def remove_cgroups(paths: Sequence[Path]) -> None:
+    """Kills every process in the cgroups (for a few seconds, as they may fork) and removes
+    them."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        members: set[int] = set()
+        for path in paths:
+            try:
+                members.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    for path in paths:
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass  # another reaper was first
+        except OSError as error:
+            logger.warning("cannot remove cgroup %s: %s", path, error)

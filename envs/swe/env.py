@@ -30,7 +30,16 @@ from envs.core import (
     tool_calls_message,
 )
 from envs.sandbox import Sandbox, SandboxConfig, SandboxError
-from envs.swe.grading import REWARDS, Prediction, Report, grade, project_of, write_predictions
+from envs.swe.grading import (
+    REWARDS,
+    Prediction,
+    Report,
+    carried_patch,
+    grade,
+    project_of,
+    test_files,
+    write_predictions,
+)
 from envs.swe.instances import SHIPPED, SWEInstance, load_instances, select_split
 from envs.swe.sources import TESTBED
 from envs.swe.workspace import Workspaces
@@ -100,6 +109,7 @@ class SWEEnv(AgentEnv):
         self._history: dict[str, list[bytes | None]] = {}
         self._report: Report | None = None
         self._model_patch = ""
+        self.left_out: list[str] = []
 
     # -- AgentEnv hooks ------------------------------------------------------------------
     def task_ids(self) -> Sequence[str]:
@@ -113,6 +123,7 @@ class SWEEnv(AgentEnv):
         self._history = {}
         self._report = None
         self._model_patch = ""
+        self.left_out = []
 
     def _first_messages(self) -> list[Message]:
         assert self.instance is not None
@@ -139,6 +150,7 @@ class SWEEnv(AgentEnv):
                 "grade": self._report.summary,
                 "resolved": self._report.resolved,
                 "model_patch": self._model_patch,
+                "left_out": list(self.left_out),
             }
         return info
 
@@ -223,7 +235,10 @@ class SWEEnv(AgentEnv):
     def submit(self) -> ToolResult:
         """Ends the episode: your changes (git diff of /testbed) are graded on a clean copy."""
         report = self._grade()
-        return ToolResult(f"submitted: {report.summary}", self._reward(report), terminated=True)
+        text = f"submitted: {report.summary}"
+        if self.left_out:
+            text += "; kept pristine (tests and test-runner files): " + ", ".join(self.left_out)
+        return ToolResult(text, self._reward(report), terminated=True)
 
     # -- editor internals ----------------------------------------------------------------
     def _view(self, path: str, view_range: list[int] | None) -> str:
@@ -293,7 +308,15 @@ class SWEEnv(AgentEnv):
         if self._report is not None:
             return self._report
         assert self.instance is not None
-        self._model_patch = self.model_patch()
+        try:
+            self._model_patch = self.model_patch()
+        except SandboxError as error:  # a tree past its budget, nested too deep
+            reason = f"not graded: {error}"
+            self._report = Report(
+                self.instance.instance_id, False, "RESOLVED_NO", False, reason=reason
+            )
+            logger.info("%s: %s", self.instance.instance_id, self._report.summary)
+            return self._report
         self._report = grade(self.workspaces, self.instance, self._model_patch, self.test_timeout)
         logger.info("%s: %s", self.instance.instance_id, self._report.summary)
         return self._report
@@ -309,14 +332,13 @@ class SWEEnv(AgentEnv):
         return self._model_patch
 
     def model_patch(self) -> str:
-        """The agent's change so far: `git diff` of everything it added or changed."""
-        sandbox = self._sandbox()
-        sandbox.restart_shell()  # nothing the agent left running can interfere
-        result = sandbox.exec(
-            f"cd {TESTBED} && git add -A >/dev/null 2>&1; git diff --cached --no-color HEAD",
-            timeout=60,
-        )
-        return result.stdout if result.exit_code == 0 else ""
+        """The agent's change so far, as the grader takes it (`grading.carried_patch`): its
+        /testbed carried into a fresh workspace and diffed there, without the test and
+        test-runner files it may not change (those are in `left_out`)."""
+        assert self.instance is not None
+        tree = self._sandbox().export_tree(TESTBED)  # kills what the agent left running
+        patch, self.left_out = carried_patch(self.workspaces, self.instance, tree)
+        return patch
 
     # -- sandboxes -----------------------------------------------------------------------
     def _sandbox(self) -> Sandbox:
@@ -356,8 +378,11 @@ def _numbered(text: str, first: int, last: int) -> str:
 
 
 class SWEReferenceAgent:
-    """Scripted reference solver: applies the instance's gold patch with one `bash` call,
-    then submits. It reads the instance from the env."""
+    """Scripted reference solver, played the way an engineer would and the policy could
+    learn to: look at the repository (`bash`), make the gold patch's changes with the
+    editor (`str_replace` of each hunk's old lines by its new ones; `git apply` of the
+    patch where a hunk's old text is not unique in its file), run the failing tests, then
+    submit. It reads the instance from the env; the turn in `info` says where it is."""
 
     def __init__(self, env: SWEEnv):
         self.env = env
@@ -365,10 +390,70 @@ class SWEReferenceAgent:
     def act(self, observation: list[Message], info: dict[str, Any]) -> Action:
         instance = self.env.instance
         assert instance is not None
-        if observation and observation[-1].get("name") == "bash":
-            return tool_calls_message([("submit", {})])
-        command = f"cd {TESTBED} && git apply <<'__GOLD_PATCH__'\n{instance.patch}__GOLD_PATCH__"
-        return tool_calls_message([("bash", {"command": command})])
+        turn = int(info.get("turn", 0))
+        if turn == 0:
+            return tool_calls_message([("bash", {"command": f"cd {TESTBED} && git status && ls"})])
+        if turn == 1:
+            edits = self._edits(instance.patch)
+            if edits is None:
+                command = (
+                    f"cd {TESTBED} && git apply <<'__GOLD_PATCH__'\n{instance.patch}__GOLD_PATCH__"
+                )
+                return tool_calls_message([("bash", {"command": command})])
+            return tool_calls_message(
+                [
+                    ("editor", {"command": "str_replace", "path": p, "old_str": o, "new_str": n})
+                    for p, o, n in edits
+                ]
+            )
+        if turn == 2:
+            files = " ".join(test_files(instance.fail_to_pass))
+            command = f"cd {TESTBED} && python3 -m pytest -q -x {files} 2>&1 | tail -5"
+            return tool_calls_message([("bash", {"command": command})])
+        return tool_calls_message([("submit", {})])
+
+    def _edits(self, patch: str) -> list[tuple[str, str, str]] | None:
+        """(path, old, new) of each hunk, or None where one cannot be a unique replacement."""
+        edits = []
+        for path, old, new in patch_hunks(patch):
+            try:
+                text = self.env.sandbox.read_file(f"{TESTBED}/{path}") if self.env.sandbox else b""
+            except SandboxError:
+                return None
+            if not old or text.decode(errors="replace").count(old) != 1:
+                return None
+            edits.append((path, old, new))
+        return edits or None
+
+
+def patch_hunks(patch: str) -> list[tuple[str, str, str]]:
+    """(path, old text, new text) of every hunk of a unified diff, context lines included."""
+    hunks: list[tuple[str, str, str]] = []
+    path, old, new = "", list[str](), list[str]()
+
+    def close() -> None:
+        if old or new:
+            hunks.append((path, "".join(old), "".join(new)))
+        old.clear()
+        new.clear()
+
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("+++ "):
+            close()
+            path = line[4:].strip().removeprefix("b/")
+        elif line.startswith(("--- ", "diff --git", "index ")):
+            close()
+        elif line.startswith("@@"):
+            close()
+        elif line.startswith("+"):
+            new.append(line[1:])
+        elif line.startswith("-"):
+            old.append(line[1:])
+        elif line.startswith(" "):
+            old.append(line[1:])
+            new.append(line[1:])
+    close()
+    return hunks
 
 
 def evaluate(

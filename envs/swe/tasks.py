@@ -31,7 +31,7 @@ from pathlib import Path
 
 from envs.sandbox import SandboxConfig
 from envs.sandbox.bwrap import BwrapSandbox
-from envs.swe.grading import grade, run_tests, status_map, test_command, test_files
+from envs.swe.grading import TEST_LOG, grade, run_tests, status_map, test_files
 from envs.swe.instances import SHIPPED, SWEInstance, load_instances, save_instances
 from envs.swe.mutate import Mutation, mutations
 from envs.swe.sources import BY_NAME, PROJECTS, TESTBED, Project, fetch
@@ -210,8 +210,12 @@ class ProjectBuilder:
     def _baseline(self) -> tuple[dict[str, str], dict[str, set[int]]]:
         self.sandbox.write_file(_COVERAGE, _COVERAGE_SCRIPT)
         package = f"{TESTBED}/{self.project.package}"
-        command = test_command(self.project.tests, 900).replace(
-            "python3 -m pytest", f"python3 {_COVERAGE} {package} {_COVERAGE_OUT}"
+        # the build runs the pristine project, not an agent's work: no isolation needed
+        tests = " ".join(self.project.tests)
+        command = (
+            f"cd {TESTBED} && COLUMNS=240 PYTHONHASHSEED=0 python3 {_COVERAGE} {package} "
+            f"{_COVERAGE_OUT} -rA --tb=short -p no:cacheprovider -o addopts= {tests} "
+            f">{TEST_LOG} 2>&1"
         )
         log, _ = run_tests(self.sandbox, self.project.tests, 900, command)
         hits = json.loads(self.sandbox.read_file(_COVERAGE_OUT))

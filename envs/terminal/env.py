@@ -167,7 +167,7 @@ class TerminalEnv(AgentEnv):
                 )
             self._verdict = self._grade_icalfa(agent)
         else:
-            self._verdict = grade_tbench(self.sandbox, self.task)
+            self._verdict = grade_tbench(self._make_sandbox, self.sandbox, self.task)
         return self._verdict
 
     def _grade_icalfa(self, agent: Run | None) -> Verdict:

@@ -1,8 +1,10 @@
 """Graders of the terminal env.
 
-- terminal-bench tasks: after the agent stops, every process in its sandbox is killed, the
-  tests are (re)written to /tests, where the agent could not have planted anything that
-  stays, and run by pytest in a fresh shell; the reward is 1 when every test passed and 0
+- terminal-bench tasks: after the agent stops, its work directory (and nothing else) is
+  carried into a fresh sandbox set up from the pristine task; the tests are written to
+  /tests there and run from an empty environment, so what the agent planted outside its
+  work directory, in its shell or in Python's and pytest's start-up paths, and every
+  process it started, take no part; the reward is 1 when every test passed and 0
   otherwise (the fraction passed is in the info).
 - InterCode-ALFA tasks, graded as InterCode does: the gold command runs in a fresh sandbox
   set up like the agent's; the reward is 0.01 + 0.33 x (file-system changes match, by the
@@ -17,11 +19,13 @@
 
 from __future__ import annotations
 
-import json
+import hashlib
+import io
 import math
 import re
+import tarfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,28 +33,18 @@ from envs.sandbox import Sandbox, SandboxError
 from envs.terminal.tasks import TerminalTask
 
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XPASS)\s+(\S+)", re.MULTILINE)
-_SNAPSHOT_FILE = "/tmp/.clawgym-snapshot.json"
-_SNAPSHOT = r"""python3 - >%(out)s <<'__CLAWGYM_SNAPSHOT__'
-import hashlib, json, os, sys
-seen = {}
-def entry(path):
-    if os.path.islink(path):
-        return "link:" + os.readlink(path)
-    if os.path.isdir(path):
-        return "dir"
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.md5(handle.read(1 << 26)).hexdigest()
-    except OSError:
-        return "unreadable"
-for root in %(roots)s:
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(top, name)
-            if not name.startswith(".clawgym-"):
-                seen[path] = entry(path)
-json.dump(seen, sys.stdout)
-__CLAWGYM_SNAPSHOT__"""
+# What the tests run under: an empty environment but for these (no PYTHONPATH, PYTHONSTARTUP
+# or PYTEST_ADDOPTS of the agent's choosing), Python without user site-packages and without
+# the working directory on its path, a fresh HOME.
+_TEST_ENV = (
+    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    ("HOME", "/tmp"),
+    ("LANG", "C.UTF-8"),
+    ("TERM", "dumb"),
+    ("PYTHONNOUSERSITE", "1"),
+    ("PYTHONSAFEPATH", "1"),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+)
 
 
 @dataclass(frozen=True)
@@ -63,16 +57,28 @@ class Verdict:
 
 
 # -- terminal-bench -------------------------------------------------------------------------
-def grade_tbench(sandbox: Sandbox, task: TerminalTask) -> Verdict:
-    """Runs the task's tests in the agent's sandbox after a clean restart of its shell."""
-    sandbox.restart_shell()
-    sandbox.exec("rm -rf /tests 2>/dev/null; true", timeout=30)
-    for path, content in task.tests:
-        sandbox.write_file(f"/tests/{path}", content)
-    result = sandbox.exec(
-        f"export TEST_DIR=/tests; cd {task.workdir} && {{ {task.test_command}; }} 2>&1",
-        timeout=task.test_timeout,
-    )
+def grade_tbench(
+    make: Callable[[TerminalTask], Sandbox], agent: Sandbox, task: TerminalTask
+) -> Verdict:
+    """Runs the task's tests on what the agent left in its work directory, carried into a
+    fresh sandbox set up from the pristine task: nothing the agent started, planted
+    elsewhere (its /tmp, its shell, its exports) or left running takes part, and the tests
+    run from an empty environment (`_TEST_ENV`)."""
+    try:
+        work = agent.export_tree(task.workdir)
+    except SandboxError as error:
+        return Verdict(0.0, f"not graded: {error}", {"tests_passed": 0, "tests_total": 0})
+    with make(task) as sandbox:
+        prepare(sandbox, task)
+        sandbox.exec(f"find {_quote(task.workdir)} -mindepth 1 -delete", timeout=60)
+        sandbox.import_tree(task.workdir, work)
+        for path, content in task.tests:
+            sandbox.write_file(f"/tests/{path}", content)
+        environment = (*_TEST_ENV, ("TEST_DIR", "/tests"), *task.env)
+        result = sandbox.exec(
+            isolated(f"cd {_quote(task.workdir)} && {{ {task.test_command}; }} 2>&1", environment),
+            timeout=task.test_timeout,
+        )
     outcomes = _SUMMARY.findall(result.stdout)
     passed = sum(1 for outcome, _ in outcomes if outcome in ("PASSED", "XPASS"))
     total = len(outcomes)
@@ -82,16 +88,33 @@ def grade_tbench(sandbox: Sandbox, task: TerminalTask) -> Verdict:
     return Verdict(reward, summary, details)
 
 
+def isolated(command: str, environment: Sequence[tuple[str, str]]) -> str:
+    """`command` run by a bash that starts from `environment` alone."""
+    assignments = " ".join(f"{key}={_quote(value)}" for key, value in environment)
+    return f"env -i {assignments} bash --noprofile --norc -c {_quote(command)}"
+
+
 # -- InterCode-ALFA -------------------------------------------------------------------------
 def snapshot(sandbox: Sandbox, roots: tuple[str, ...]) -> dict[str, str]:
-    """Path -> content hash ("dir", "link:<target>") of everything under `roots`."""
-    script = _SNAPSHOT % {"out": _SNAPSHOT_FILE, "roots": json.dumps([*roots, "/tmp"])}
-    result = sandbox.exec(script, timeout=60)
-    if result.exit_code != 0:
-        raise SandboxError(f"file-system snapshot failed: {result.stderr[-500:]}")
-    data = json.loads(sandbox.read_file(_SNAPSHOT_FILE))
-    sandbox.exec(f"rm -f {_SNAPSHOT_FILE}", timeout=30)
-    return {str(path): str(value) for path, value in data.items()}
+    """Path -> content hash ("dir", "link:<target>") of everything under `roots` and /tmp,
+    read by the host from the sandbox's files (nothing runs inside it that the agent could
+    have prepared; a fifo is not opened). Kills the sandbox's processes first."""
+    found: dict[str, str] = {}
+    for root in (*roots, "/tmp"):
+        with tarfile.open(fileobj=io.BytesIO(sandbox.export_tree(root)), mode="r:") as tar:
+            for member in tar:
+                if member.name.rsplit("/", 1)[-1].startswith(".clawgym-"):
+                    continue
+                path = f"{root.rstrip('/')}/{member.name}"
+                if member.isdir():
+                    found[path] = "dir"
+                elif member.issym():
+                    found[path] = "link:" + member.linkname
+                else:
+                    handle = tar.extractfile(member)
+                    content = handle.read(1 << 26) if handle is not None else b""
+                    found[path] = hashlib.md5(content).hexdigest()
+    return found
 
 
 def changes(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
@@ -191,3 +214,7 @@ def tfidf_similarity(first: str, second: str) -> float:
     norms = [math.sqrt(sum(v * v for v in vector.values())) for vector in vectors]
     dot = sum(value * vectors[1].get(w, 0.0) for w, value in vectors[0].items())
     return dot / (norms[0] * norms[1])
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"

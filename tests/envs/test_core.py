@@ -171,7 +171,11 @@ class _Ending(AgentEnv):
         return [{"role": "user", "content": "go"}]
 
     def _tools(self):
-        return (Tool.from_function(self.finish), Tool.from_function(self.crash))
+        return (
+            Tool.from_function(self.finish),
+            Tool.from_function(self.crash),
+            Tool.from_function(self.bug),
+        )
 
     def finish(self) -> ToolResult:
         """Ends the task."""
@@ -180,6 +184,10 @@ class _Ending(AgentEnv):
     def crash(self) -> str:
         """Fails as a browser that died does."""
         raise EpisodeAborted("the backend is gone")
+
+    def bug(self) -> str:
+        """Raises what no tool should (a bug of the env, an SDK's own error)."""
+        raise RecursionError("maximum recursion depth exceeded")
 
     def _after_action(self):
         return Reply(({"role": "user", "content": "looked"},), 0.25)
@@ -221,3 +229,20 @@ def test_an_aborted_episode_is_truncated_with_the_reason_and_still_ends_once():
     assert info["aborted"] == "the backend is gone" and info["turn"] == 1
     with pytest.raises(RuntimeError, match="finished episode"):
         env.step("more")
+
+
+def test_any_exception_of_a_tool_or_the_end_hook_ends_the_episode_instead_of_raising():
+    env = _Ending()
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step(call("bug", "{}"))
+    assert (terminated, truncated) == (False, True) and env.ends == [(False, True)]
+    assert info["failed"] == "RecursionError: maximum recursion depth exceeded"
+    assert observation[0]["content"].startswith("[error] the environment failed (RecursionError")
+
+    def broken_end(terminated, truncated):
+        raise OSError("the sandbox's directory is gone")
+
+    env.reset(seed=0)
+    env._on_episode_end = broken_end
+    _, reward, terminated, truncated, info = env.step(call("finish", "{}"))
+    assert (reward, terminated) == (1.0, True) and info["failed"].startswith("OSError")

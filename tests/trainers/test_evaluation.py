@@ -58,3 +58,27 @@ def test_a_resumed_evaluator_keeps_its_before_and_plays_only_steps_not_yet_evalu
     assert held_out["before"] == dataclasses.asdict(before)
     assert held_out["after"] == dataclasses.asdict(at_two)
     assert [step for step, _ in held_out["curve"]] == [0, 2]
+
+
+def test_an_env_sets_its_own_number_of_held_out_episodes(tmp_path):
+    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
+    envs = {
+        "default": arith,
+        "more": dataclasses.replace(arith, eval_episodes=5),
+        "none": dataclasses.replace(arith, eval_episodes=0),
+    }
+    evaluator = Evaluator(
+        EvalConfig(episodes=2), envs, env_factory, Tripwire(), SamplingConfig(), None, tmp_path
+    )
+    assert evaluator.episodes == {"default": 2, "more": 5, "none": 0}
+    assert set(evaluator.makers) == {"default", "more"} and evaluator.enabled
+    only_none = Evaluator(
+        EvalConfig(episodes=2),
+        {"none": envs["none"]},
+        env_factory,
+        Tripwire(),
+        SamplingConfig(),
+        None,
+        tmp_path,
+    )
+    assert not only_none.enabled

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import SandboxError
+from envs.sandbox import SandboxConfig, SandboxError, make_sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -221,3 +221,20 @@ def _host_processes():
             except OSError:
                 continue
     return found
+
+
+def test_no_process_of_the_sandbox_sees_the_trainers_environment(backend, monkeypatch):
+    """An API key in the trainer's environment is in no process's environment inside the
+    sandbox, pid 1 (bwrap's init, a fork of bwrap itself) included."""
+    token = f"sk-{secrets.token_hex(16)}"
+    monkeypatch.setenv("CLAWGYM_TEST_API_KEY", token)
+    with make_sandbox(backend, SandboxConfig(timeout=10.0)) as sandbox:
+        sandbox.start()
+        result = sandbox.exec(
+            "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' <$f 2>/dev/null; done; "
+            "echo; ls /proc | grep -c '^[0-9]'",
+            timeout=10,
+        )
+    assert token not in result.stdout + result.stderr
+    assert "PATH=" in result.stdout  # the environments were readable: the check saw them
+    assert int(result.stdout.split()[-1]) >= 2  # pid 1 and the shell at least

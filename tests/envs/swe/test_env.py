@@ -9,6 +9,7 @@ import pytest
 from envs.core import IdleAgent, run_episode
 from envs.swe.env import SWEEnv, SWEReferenceAgent, evaluate
 from envs.swe.instances import load_instances
+from envs.swe.sources import BY_REPO
 
 
 def call(name, **arguments):
@@ -39,7 +40,7 @@ def sample(ids, count):
 
 
 def test_gold_resolves_and_empty_patch_does_not_on_a_sample(backend):
-    env = SWEEnv(split="all", sandbox=backend, max_turns=2)
+    env = SWEEnv(split="all", sandbox=backend, max_turns=5)
     try:
         gold_check(env, sample(env.task_ids(), 2 if backend == "bwrap" else 1))
     finally:
@@ -48,7 +49,7 @@ def test_gold_resolves_and_empty_patch_does_not_on_a_sample(backend):
 
 @pytest.mark.slow
 def test_gold_resolves_and_empty_patch_does_not_on_every_shipped_instance(backend):
-    env = SWEEnv(split="all", sandbox=backend, max_turns=2)
+    env = SWEEnv(split="all", sandbox=backend, max_turns=5)
     try:
         gold_check(env, env.task_ids())
     finally:
@@ -90,7 +91,8 @@ def test_editor_views_edits_and_undoes_and_the_fraction_reward():
     try:
         task_id = env.task_ids()[0]
         env.reset(options={"task_id": task_id})
-        path = "src/new_module.py"
+        # inside the project's package: a new module elsewhere is left out of the patch
+        path = f"{BY_REPO[env.instances[task_id].repo].package}/new_module.py"
         steps = [
             call("editor", command="create", path=path, file_text="a = 1\nb = 2\n"),
             call("editor", command="str_replace", path=path, old_str="b = 2", new_str="b = 3"),
@@ -112,7 +114,7 @@ def test_editor_views_edits_and_undoes_and_the_fraction_reward():
 
 
 def test_predictions_export_in_swe_bench_format(tmp_path):
-    env = SWEEnv(split="all", sandbox="bwrap", max_turns=2)
+    env = SWEEnv(split="all", sandbox="bwrap", max_turns=5)
     try:
         ids = env.task_ids()[:1]
         reports = evaluate(env, SWEReferenceAgent(env), ids, "reference", tmp_path)
