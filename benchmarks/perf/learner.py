@@ -1,22 +1,32 @@
-"""Learner memory and speed: one LoRA step at batch x tokens on a real model, ours against a
+"""Learner memory and speed: LoRA steps at batch x tokens on a real model, ours against a
 plain peft step (full logits, cross-entropy over the whole vocabulary) as the baseline.
 
     python -m benchmarks.perf.learner [--model smollm2-135m] [--batch 8] [--tokens 512]
+    python -m benchmarks.perf.learner --device cuda --shape smollm2-135m --shape qwen3-1.7b
 
-Each case runs in its own process so its peak resident memory is its own (ru_maxrss,
-model weights included). Prints one table; ratios are against the baseline.
+On a CPU the weights are fp32 and one step is timed; on a GPU (`--device cuda`) the base
+weights are bf16 where the device has it (the learner's own rule), one step warms up and
+`--steps` are timed. `--shape NAME` times a model of a published architecture with random
+weights instead of `--model`: a step's cost depends on the shapes, not the values, so a GPU
+machine that cannot receive the weights still gives the real figures.
+
+Each case runs in its own process so its peak memory is its own (resident memory on a CPU,
+model weights included; the GPU allocator's peak on a GPU). Prints one table per model;
+ratios are against the baseline.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -28,28 +38,110 @@ CASES = (
     "learner, glibc's adaptive malloc",
     "learner, no checkpointing",
 )
+GPU_CASES = (CASES[0], CASES[1], CASES[3])  # glibc's malloc does not hold GPU memory
+
+# Published architectures (their config.json fields), built with random weights by --shape.
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 8192,
+    },
+    "qwen3-0.6b": {
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 40960,
+    },
+    "qwen3-1.7b": {
+        "model_type": "qwen3",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 40960,
+    },
+}
+logger = logging.getLogger(__name__)
+_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _plain_step(model_name: str, batch: int, tokens: int) -> float:
-    from peft import LoraConfig, get_peft_model
+def build_shape(name: str, target: Path) -> Path:
+    """A model directory of architecture `name` with random bf16 weights and the tiny
+    model's tokenizer (a step never tokenizes: its ids are drawn at random)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from agents import models
 
+    fields = dict(SHAPES[name])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(target)
+    models.load_tokenizer("tiny").save_pretrained(target)
+    return target
+
+
+def _random_ids(count: int, generator: torch.Generator) -> tuple[int, ...]:
+    return tuple(torch.randint(100, 20000, (count,), generator=generator).tolist())
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _plain_steps(model_name: str, batch: int, tokens: int, device: str, steps: int) -> float:
+    """Seconds per step of the textbook peft step (full logits), in the learner's dtype."""
+    from peft import LoraConfig, get_peft_model
+
+    from agents import models
+    from trainers.learner import learner_dtype
+
     base, _ = models.load(model_name)
+    dtype = learner_dtype("auto", device, device == "cuda" and torch.cuda.is_bf16_supported())
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=_PROJECTIONS, task_type="CAUSAL_LM")
-    model = get_peft_model(base, lora)
+    model = get_peft_model(base.to(device=device, dtype=dtype), lora)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(100, 20000, (batch, tokens), generator=torch.Generator().manual_seed(0))
-    started = time.perf_counter()
-    model(input_ids=ids, labels=ids).loss.backward()
-    optimizer.step()
-    return time.perf_counter() - started
+    ids = ids.to(device)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return _timed(step, device, steps)
 
 
-def _learner_step(
-    model_name: str, batch: int, tokens: int, checkpointing: bool, mmap_threshold_kb: int
+def _learner_steps(
+    model_name: str,
+    batch: int,
+    tokens: int,
+    checkpointing: bool,
+    mmap_threshold_kb: int,
+    device: str,
+    steps: int,
 ) -> float:
+    """Seconds per step of `Learner.step` on `batch` turns of `tokens` (half prompt)."""
     from trainers.config import TrainerConfig
     from trainers.learner import Learner, TrainSample
 
@@ -57,6 +149,7 @@ def _learner_step(
         gradient_checkpointing=checkpointing,
         micro_batch_tokens=batch * tokens,
         mmap_threshold_kb=mmap_threshold_kb,
+        device=device,
     )
     with tempfile.TemporaryDirectory() as run_dir:
         learner = Learner(model_name, config, Path(run_dir))
@@ -65,74 +158,121 @@ def _learner_step(
         samples = [
             TrainSample(
                 seq=i,
-                prompt_ids=tuple(torch.randint(100, 20000, (half,), generator=generator).tolist()),
-                completion_ids=tuple(
-                    torch.randint(100, 20000, (tokens - half,), generator=generator).tolist()
-                ),
+                prompt_ids=_random_ids(half, generator),
+                completion_ids=_random_ids(tokens - half, generator),
                 rollout_logprobs=tuple([-2.0] * (tokens - half)),
                 advantages=tuple([1.0 if i % 2 else -1.0] * (tokens - half)),
                 policy_version=0,
             )
             for i in range(batch)
         ]
-        started = time.perf_counter()
-        learner.step(samples)
-        return time.perf_counter() - started
+        return _timed(lambda: learner.step(samples), device, steps)
 
 
-_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+def _timed(step: Any, device: str, steps: int) -> float:
+    """Seconds per step over `steps` steps, after one warm-up step on a GPU (its kernels'
+    first launch and the allocator's growth are not what a run pays each step)."""
+    if device == "cuda":
+        step()
+        _synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _synchronize(device)
+    return (time.perf_counter() - started) / steps
 
 
-def _run_case(case: str, model: str, batch: int, tokens: int) -> dict[str, float]:
-    """Runs one case in a fresh process; returns its step seconds and peak RSS in GiB."""
+def _run_case(case: str, model: str, args: argparse.Namespace) -> dict[str, float]:
+    """Runs one case in a fresh process; returns its step seconds and peak memory in GiB."""
     command = [sys.executable, "-m", "benchmarks.perf.learner", "--case", case, "--model", model]
-    command += ["--batch", str(batch), "--tokens", str(tokens)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    command += ["--batch", str(args.batch), "--tokens", str(args.tokens)]
+    command += ["--device", args.device, "--steps", str(args.steps)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:  # out of memory, most often: the table says which case
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        logger.warning("%s on %s failed: %s", case, model, last)
+        return {"error": 1.0}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _child(case: str, model: str, batch: int, tokens: int) -> None:
+def _child(case: str, model: str, args: argparse.Namespace) -> None:
+    device = args.device
     if case == CASES[0]:
-        seconds = _plain_step(model, batch, tokens)
+        seconds = _plain_steps(model, args.batch, args.tokens, device, args.steps)
     else:
-        seconds = _learner_step(
+        seconds = _learner_steps(
             model,
-            batch,
-            tokens,
+            args.batch,
+            args.tokens,
             checkpointing=case != CASES[3],
             mmap_threshold_kb=0 if case == CASES[2] else 1024,
+            device=device,
+            steps=args.steps,
         )
-    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    if device == "cuda":
+        peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     sys.stdout.write(json.dumps({"seconds": seconds, "peak_gib": peak_gib}) + "\n")
+
+
+def _table(title: str, memory: str, rows: list[tuple[str, dict[str, float]]], tokens: int) -> Table:
+    table = Table(title=title)
+    columns = ("case", f"peak {memory} GiB", "step s", "tokens/s", "memory vs baseline")
+    for column in (*columns, "time vs baseline"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    baseline = rows[0][1]
+    for case, found in rows:
+        if "error" in found:
+            table.add_row(case, "failed", "", "", "", "")
+            continue
+        ratios = ("-", "-")
+        if "error" not in baseline:
+            ratios = (
+                f"{found['peak_gib'] / baseline['peak_gib']:.2f}x",
+                f"{found['seconds'] / baseline['seconds']:.2f}x",
+            )
+        table.add_row(
+            case,
+            f"{found['peak_gib']:.2f}",
+            f"{found['seconds']:.3f}",
+            f"{tokens / found['seconds']:,.0f}",
+            *ratios,
+        )
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--shape", action="append", choices=sorted(SHAPES), default=[])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per case")
     parser.add_argument("--case", choices=CASES, help="run one case in this process (internal)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.case:
-        _child(args.case, args.model, args.batch, args.tokens)
+        _child(args.case, args.model, args)
         return
-    table = Table(
-        title=f"LoRA step on {args.model}, {args.batch} x {args.tokens} tokens (fp32, CPU)"
-    )
-    for column in ("case", "peak RSS GiB", "step s", "memory vs baseline", "time vs baseline"):
-        table.add_column(column, justify="left" if column == "case" else "right")
-    baseline: dict[str, float] | None = None
-    for case in CASES:
-        found = _run_case(case, args.model, args.batch, args.tokens)
-        baseline = baseline or found
-        table.add_row(
-            case,
-            f"{found['peak_gib']:.2f}",
-            f"{found['seconds']:.1f}",
-            f"{found['peak_gib'] / baseline['peak_gib']:.2f}x",
-            f"{found['seconds'] / baseline['seconds']:.2f}x",
-        )
-    Console().print(table)
+    cases = GPU_CASES if args.device == "cuda" else CASES
+    memory = "GPU" if args.device == "cuda" else "RSS"
+    if args.device == "cuda":
+        precision = f"{torch.cuda.get_device_name()}, bf16 base, fp32 LoRA"
+    else:
+        precision = "CPU, fp32"
+    with tempfile.TemporaryDirectory() as scratch:
+        targets = [(args.model, args.model)]
+        if args.shape:
+            targets = [
+                (f"{s} (random weights)", str(build_shape(s, Path(scratch) / s)))
+                for s in args.shape
+            ]
+        for label, model in targets:
+            rows = [(case, _run_case(case, model, args)) for case in cases]
+            title = f"LoRA step on {label}, {args.batch} x {args.tokens} tokens ({precision})"
+            Console(width=160).print(_table(title, memory, rows, args.batch * args.tokens))
 
 
 if __name__ == "__main__":
