@@ -116,14 +116,15 @@ class TrainerConfig:
     """Recompute activations in backward: less memory, ~30% more time."""
     logprob_chunk: int = 128
     """Positions per chunk when computing target log-probs (never the full logits)."""
-    mmap_threshold_kb: int = 1024
+    mmap_threshold_kb: int = 0
     """glibc malloc: allocations from this size on are mapped and returned to the system
-    when freed. 0 keeps glibc's adaptive threshold, which rises to 32 MiB and lets a
-    fragmented heap hold on to a step's freed activations (a LoRA step on SmolLM2 at
-    8 x 512 tokens: 5.7 GiB peak RSS, 1.4 GiB at 1 MiB). Lower is not better: at 128 KiB the
-    embedded engine's per-token KV-cache copies are mapped too, and decoding 4 sequences
-    in the same process ran 25% slower; at 1 MiB it ran as fast as with glibc's default
-    (measured here, benchmarks/perf/learner.py)."""
+    when freed; 0 keeps glibc's adaptive threshold. Adaptive is faster, fixed is smaller:
+    a LoRA step on SmolLM2 at 8 x 512 tokens took 31.5 s at 5.5 GiB peak RSS adaptive,
+    44.3 s at 1.45 GiB with 1024 (every large tensor a fresh mapping, its pages faulted in
+    again each step; 4096: 45.8 s, 16384: 33.9 s at 4.8 GiB; measured here with
+    benchmarks/perf/learner.py). Set 1024 where memory is short. Lower is not better: at
+    128 KiB the embedded engine's per-token KV-cache copies are mapped too, and decoding 4
+    sequences in the same process ran 25% slower."""
     max_backlog: int | None = None
     """Turns waiting for training (collected or judged, the batch being trained included)
     before rollouts pause: the bounded queue. None: 2 x batch_turns, which lets the rollout
@@ -139,6 +140,9 @@ class TrainerConfig:
     """Also log metrics to this W&B project (needs `pip install wandb`)."""
     device: str = "auto"
     """Where the learner trains: auto (cuda when present, else cpu), cpu or cuda."""
+    threads: int | None = None
+    """The learner's torch CPU threads. None: torch's default (every core), or where a vLLM
+    server computes on the same CPU, the cores it leaves (`engine.threads`)."""
     dtype: str = "auto"
     """The learner's weights: auto (bfloat16 on a GPU that has it, else float32), float32
     or bfloat16. The LoRA weights and the optimiser state stay float32."""
@@ -286,6 +290,10 @@ def validate(config: RunConfig) -> None:
         )
     if not 0 <= config.trainer.clip_low < 1 or config.trainer.clip_high < 0:
         raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
+    if config.trainer.threads is not None and config.trainer.threads < 1:
+        raise ValueError(
+            f"trainer.threads must be >= 1 (or null: chosen for you), got {config.trainer.threads}"
+        )
     if config.trainer.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"trainer.device must be auto, cpu or cuda, got {config.trainer.device!r}")
     if config.trainer.dtype not in ("auto", "float32", "bfloat16"):

@@ -120,9 +120,10 @@ def set_mmap_threshold(size: int) -> bool:
     PyTorch's CPU allocator frees each tensor back to malloc. glibc raises its mmap
     threshold (up to 32 MiB) whenever a mapped block is freed, after which a step's
     activations come from the heap, and a fragmented heap keeps what was freed: a LoRA step
-    on SmolLM2 at 8 x 512 tokens peaked at 5.5 GiB RSS that way, 1.4 GiB with the threshold
-    fixed at 128 KiB (measured here; benchmarks/perf/learner.py measures the default).
-    Setting it explicitly also turns the adaptation off.
+    on SmolLM2 at 8 x 512 tokens peaked at 5.5 GiB RSS that way, 1.45 GiB with the
+    threshold fixed at 1 MiB, but took 1.4x as long, every large tensor then being a fresh
+    mapping whose pages fault in again (`TrainerConfig.mmap_threshold_kb`). Setting it
+    explicitly also turns the adaptation off.
     """
     import ctypes
     import ctypes.util

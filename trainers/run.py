@@ -100,8 +100,10 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     if config.engine.backend == "vllm" and learner.device.type == "cpu":
         # vLLM pins its OpenMP threads: the learner's own must not spin on the same cores
         learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
-        torch.set_num_threads(len(learner_cpus))
+        torch.set_num_threads(config.trainer.threads or len(learner_cpus))
         logger.info("cores: learner %s, vLLM %s", learner_cpus, engine_cpus)
+    elif config.trainer.threads:
+        torch.set_num_threads(config.trainer.threads)
     engine = build_engine(
         config.engine,
         config.model,

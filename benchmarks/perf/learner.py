@@ -34,8 +34,8 @@ from rich.table import Table
 
 CASES = (
     "plain peft (baseline)",
-    "learner (default: mmap threshold 1 MiB)",
-    "learner, glibc's adaptive malloc",
+    "learner (default)",
+    "learner, mmap threshold 1 MiB",
     "learner, no checkpointing",
 )
 GPU_CASES = (CASES[0], CASES[1], CASES[3])  # glibc's malloc does not hold GPU memory
@@ -205,7 +205,7 @@ def _child(case: str, model: str, args: argparse.Namespace) -> None:
             args.batch,
             args.tokens,
             checkpointing=case != CASES[3],
-            mmap_threshold_kb=0 if case == CASES[2] else 1024,
+            mmap_threshold_kb=1024 if case == CASES[2] else 0,
             device=device,
             steps=args.steps,
         )
