@@ -261,6 +261,7 @@ def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_pa
         ),
         (lambda c: setattr(c.trainer, "device", "tpu"), "trainer.device"),
         (lambda c: setattr(c.trainer, "dtype", "fp8"), "trainer.dtype"),
+        (lambda c: setattr(c.trainer, "threads", 0), "trainer.threads"),
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):
