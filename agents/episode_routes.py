@@ -1,9 +1,10 @@
 """The proxy's episode routes: how a simulated episode's client tells the proxy what only
 the environment knows, so that the proxy stays the one writer of turns and sessions.
 
-- `POST /admin/sessions` `{"session_id", "env_id", "task_id"?, "group_id"?}` opens the
-  episode's session before its first request (a live client's session is opened by its
-  first request instead, as env `live`).
+- `POST /admin/sessions` `{"session_id", "env_id", "task_id"?, "group_id"?, "metadata"?}`
+  opens the episode's session before its first request (a live client's session is opened
+  by its first request instead, as env `live`); `metadata` (an object of strings, numbers
+  and booleans, such as the rollout worker that plays it) is kept with the session.
 - Each turn is an ordinary `POST /v1/chat/completions` with `X-Session-Id`; its response's
   `X-Turn-Index` header gives the turn's index in the session.
 - `POST /admin/sessions/{id}/end` `{"messages", "rewards"?, "outcome_reward"?, "status"?,
@@ -18,6 +19,7 @@ Both are admin routes: they need the proxy's admin key and a JSON body (`agents.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,10 @@ ENDED = (SessionStatus.DONE, SessionStatus.TRUNCATED, SessionStatus.FAILED)
 """The statuses an episode's client may end its session with."""
 MAX_REASON = 2000
 """Most characters of an end's reason that are kept."""
+MAX_METADATA = 2000
+"""Most characters of an opened session's metadata, as JSON."""
+RESERVED = frozenset({"end_reason", "demonstration"})
+"""Metadata keys the proxy and the trainer write themselves."""
 
 
 def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
@@ -90,7 +96,25 @@ def _session(body: dict[str, Any]) -> Session:
         env_id,
         task_id=_optional_text(body, "task_id"),
         group_id=_optional_text(body, "group_id"),
+        metadata=_metadata(body),
     )
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, Any]:
+    """An opened session's own metadata: flat, small, and none of the keys kept for the
+    proxy's and the trainer's own records."""
+    given = body.get("metadata") or {}
+    if not isinstance(given, dict) or not all(
+        isinstance(value, str | int | float | bool) for value in given.values()
+    ):
+        raise api.ApiError(
+            400, "metadata must map names to strings, numbers or booleans", param="metadata"
+        )
+    if RESERVED & given.keys():
+        raise api.ApiError(400, f"metadata may not set {sorted(RESERVED)}", param="metadata")
+    if len(json.dumps(given)) > MAX_METADATA:
+        raise api.ApiError(400, f"metadata is over {MAX_METADATA} characters", param="metadata")
+    return given
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -142,10 +142,14 @@ def run_episode(
     seed: int | None = None,
     group_id: str | None = None,
     sampling: SamplingParams | None = None,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> EpisodeSummary:
-    """Plays one episode with the seat's policy; the seat records it as a session. An env
-    that cannot reset (a user model that is down) gives an episode of no turns and no
-    session, with the reason as its `error`."""
+    """Plays one episode with the seat's policy; the seat records it as a session (with
+    `session_id`, given where the caller must be able to end it should this process die,
+    else a new one, and `metadata`, kept with it). An env that cannot reset (a user model
+    that is down) gives an episode of no turns and no session, with the reason as its
+    `error`."""
     try:
         observation, info = env.reset(seed=seed, options={"task_id": task_id} if task_id else None)
     except Exception as failure:
@@ -154,8 +158,16 @@ def run_episode(
         return EpisodeSummary(
             "", task_id or "", 0.0, 0, 0, 0, False, status=SessionStatus.FAILED, error=reason
         )
-    session_id = uuid.uuid4().hex
-    seat.open(Session(session_id, env_id, task_id=info["task_id"], group_id=group_id))
+    session_id = session_id or uuid.uuid4().hex
+    seat.open(
+        Session(
+            session_id,
+            env_id,
+            task_id=info["task_id"],
+            group_id=group_id,
+            metadata=dict(metadata or {}),
+        )
+    )
     messages: list[dict[str, Any]] = [dict(m) for m in observation]
     rewards: dict[int, float] = {}
     total, turns, prompt_tokens, completion_tokens = 0.0, 0, 0, 0
@@ -405,12 +417,14 @@ class ProxySeat:
         self._admin = httpx.Client(base_url=root, headers=admin, timeout=60.0)
 
     def open(self, session: Session) -> None:
-        body = {
+        body: dict[str, Any] = {
             "session_id": session.session_id,
             "env_id": session.env_id,
             "task_id": session.task_id,
             "group_id": session.group_id,
         }
+        if session.metadata:
+            body["metadata"] = dict(session.metadata)
         _checked(self._admin.post("/admin/sessions", json=body))
 
     def reply(

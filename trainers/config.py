@@ -188,6 +188,29 @@ class RolloutConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Where rollouts run (`cluster=`, trainers/cluster.py): in the trainer's process, or
+    on a Ray cluster. The learner and the store stay in the trainer's process either way,
+    and the proxy stays the one writer of turns."""
+
+    kind: str = "local"
+    """local: episodes play on threads of the trainer's process (Ray is not imported);
+    ray: on rollout workers, Ray actors each holding a pool of env instances."""
+    address: str | None = None
+    """ray: the cluster to join (`HOST:PORT` of its head); None: $RAY_ADDRESS, else a Ray
+    started on this machine for the run (and stopped with it)."""
+    workers: int = 2
+    """ray: rollout workers."""
+    worker_cpus: float = 1.0
+    """ray: CPUs each worker reserves (its sandboxes and browsers run on its node)."""
+    spread: bool = True
+    """ray: place workers on as many nodes as there are (Ray's SPREAD), rather than packed."""
+    proxy_host: str | None = None
+    """ray: the address workers reach the proxy at, where it is not the one the proxy binds
+    (a proxy on 0.0.0.0: this node's address on the cluster's network)."""
+
+
+@dataclass
 class EvalConfig:
     """Held-out evaluation during training (trainers/evaluation.py)."""
 
@@ -214,6 +237,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     serve: ServeSection = field(default_factory=ServeSection)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
@@ -251,6 +275,7 @@ def validate(config: RunConfig) -> None:
         raise ValueError(
             f"method={config.method.name!r}: choose method=binary, opd, combine or sft"
         )
+    validate_cluster(config.cluster)
     if config.sft.episodes < 1 or config.sft.warm_start_steps < 0:
         raise ValueError("sft.episodes must be >= 1 and sft.warm_start_steps >= 0")
     if config.judge.votes < 1:
@@ -305,3 +330,14 @@ def validate(config: RunConfig) -> None:
 def register_configs() -> None:
     """Makes the typed schema known to Hydra as `run_schema`."""
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+
+
+def validate_cluster(cluster: ClusterConfig) -> None:
+    """Raises ValueError, saying the fix, for a cluster the run cannot use."""
+    if cluster.kind not in ("local", "ray"):
+        raise ValueError(f"cluster={cluster.kind!r}: choose cluster=local or cluster=ray")
+    if cluster.workers < 1 or cluster.worker_cpus <= 0:
+        raise ValueError(
+            f"cluster.workers must be >= 1 and cluster.worker_cpus > 0, got "
+            f"{cluster.workers} and {cluster.worker_cpus}"
+        )

@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agents.proxy import LIVE_ENV_ID
-from agents.rollout import Seat
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from trainers.config import RunConfig
@@ -40,7 +39,7 @@ from trainers.judging import JudgeLoop
 from trainers.learner import Learner, StepMetrics
 from trainers.metrics import CHECKPOINT_KEY, MetricsWriter
 from trainers.progress import Progress
-from trainers.rollouts import EnvSlot, MakeEnv, RolloutLoop
+from trainers.rollouts import EnvSlot, EpisodePlayer, MakeEnv, RolloutLoop
 from trainers.samples import reward_weights
 from trainers.sft import SFTLoop, prepare_demonstrations
 from trainers.training import Publish, TrainLoop
@@ -63,8 +62,8 @@ class Pipeline:
         judges_by_env: judges of particular envs (`env.<name>.judge`), by name.
         make_envs: one factory per env that rolls out (with `method=sft`: that
             demonstrates), by name; empty when only live clients feed the store.
-        seat: where the rollouts reach the policy (the proxy, `agents.rollout.ProxySeat`);
-            needed with `make_envs`.
+        player: where the rollouts' episodes are played (`trainers.rollouts.LocalPlayer`
+            through the proxy, or a Ray cluster's workers); needed with `make_envs`.
         publish: hands a new adapter version to the server.
         metrics: where step metrics go.
         evaluator: plays held-out tasks before, during and after training (`eval`).
@@ -79,13 +78,13 @@ class Pipeline:
         judge: Judge,
         judges_by_env: Mapping[str, Judge],
         make_envs: Mapping[str, MakeEnv],
-        seat: Seat | None,
+        player: EpisodePlayer | None,
         publish: Publish,
         metrics: MetricsWriter | None = None,
         evaluator: Evaluator | None = None,
     ):
-        if make_envs and seat is None:
-            raise ValueError("a pipeline that rolls out needs a seat to reach the policy")
+        if make_envs and player is None:
+            raise ValueError("a pipeline that rolls out needs a player for its episodes")
         self.config, self.run_dir, self.store, self.learner = config, Path(run_dir), store, learner
         self.publish, self.metrics, self.evaluator = publish, metrics, evaluator
         self.progress = Progress()
@@ -144,11 +143,11 @@ class Pipeline:
             self.slots = {
                 name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()
             }
-            if self.slots and seat is not None:
+            if self.slots and player is not None:
                 self.rollouts = RolloutLoop(
                     config.rollout,
                     self.slots,
-                    seat,
+                    player,
                     config.sampling,
                     config.seed,
                     self.progress,

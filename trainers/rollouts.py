@@ -3,9 +3,11 @@ and the loop that keeps `rollout.groups_in_flight` task groups in flight.
 
 A group is `group_size` episodes of one task of one env, played concurrently; several
 groups in flight (from any of the envs) let a batching engine decode all their turns
-together. Every episode reaches the policy through the run's `Seat` (the proxy) and is
-recorded there under its env's name, so the judge, the reward weights and the metrics can
-look up each session's env.
+together. Every episode reaches the policy through the proxy and is recorded there under
+its env's name, so the judge, the reward weights and the metrics can look up each session's
+env. Where an episode is played is the `EpisodePlayer`'s business: `LocalPlayer` plays it
+in this process with the slot's pooled env instances; `trainers.cluster.RayPlayer` hands it
+to a rollout worker on a Ray cluster (`cluster=ray`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 
 from agents.compose import sampling_params
 from agents.config import EnvConfig, SamplingConfig
 from agents.demonstrations import DEMONSTRATION
+from agents.engines.base import SamplingParams
 from agents.rollout import EpisodeSummary, Seat, run_episode
 from agents.store import Store
 from agents.trajectory import SessionStatus
@@ -109,13 +112,76 @@ class EnvSlot:
         random.Random(f"{seed}:{self.name}").shuffle(self.task_ids)
 
 
+def play_episode(
+    pool: EnvPool,
+    seat: Seat,
+    env_name: str,
+    task_id: str,
+    group_id: str,
+    seed: int,
+    sampling: SamplingParams,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> tuple[EpisodeSummary, float]:
+    """One episode on an instance borrowed from `pool`, and its wall time. An instance the
+    episode failed in may be broken itself: it is closed, and the pool makes a fresh one."""
+    env = pool.borrow()
+    summary = None
+    started = time.monotonic()
+    try:
+        summary = run_episode(
+            env,
+            seat,
+            env_id=env_name,
+            task_id=task_id,
+            seed=seed,
+            group_id=group_id,
+            sampling=sampling,
+            session_id=session_id,
+            metadata=metadata,
+        )
+        return summary, time.monotonic() - started
+    finally:
+        healthy = summary is not None and summary.status != SessionStatus.FAILED
+        pool.give_back(env, healthy=healthy)
+
+
+class EpisodePlayer(Protocol):
+    """Where a rollout's episodes are played."""
+
+    def play(
+        self, slot: EnvSlot, task_id: str, group_id: str, seed: int, sampling: SamplingParams
+    ) -> tuple[EpisodeSummary, float]:
+        """Plays one episode of `slot`'s env; its summary and wall time."""
+        ...
+
+    def close(self) -> None:
+        """Frees what the player holds (env instances, workers)."""
+        ...
+
+
+class LocalPlayer:
+    """Episodes played in this process, on each slot's pool, through `seat`."""
+
+    def __init__(self, seat: Seat):
+        self.seat = seat
+
+    def play(
+        self, slot: EnvSlot, task_id: str, group_id: str, seed: int, sampling: SamplingParams
+    ) -> tuple[EpisodeSummary, float]:
+        return play_episode(slot.pool, self.seat, slot.name, task_id, group_id, seed, sampling)
+
+    def close(self) -> None:
+        pass
+
+
 class RolloutLoop:
     """Plays task groups of a mixture's envs, `groups_in_flight` at a time.
 
     Args:
         config: the rollout's config.
         slots: the envs that roll out, by name.
-        seat: where the episodes reach the policy.
+        player: where the episodes are played (and reach the policy).
         sampling: the run's sampling (each env may set its own `max_tokens`).
         seed: the run's seed (tasks' order, episodes' seeds).
         progress: where finished episodes are counted.
@@ -126,13 +192,13 @@ class RolloutLoop:
         self,
         config: RolloutConfig,
         slots: Mapping[str, EnvSlot],
-        seat: Seat,
+        player: EpisodePlayer,
         sampling: SamplingConfig,
         seed: int,
         progress: Progress,
         has_room: Callable[[], bool],
     ):
-        self.config, self.slots, self.seat = config, dict(slots), seat
+        self.config, self.slots, self.player = config, dict(slots), player
         self.sampling, self.seed, self.progress, self.has_room = sampling, seed, progress, has_room
         self._lock = threading.Lock()
         self._empty_in_a_row = 0
@@ -190,28 +256,11 @@ class RolloutLoop:
     def _episode(
         self, slot: EnvSlot, task_id: str, group_id: str, seed: int
     ) -> tuple[EpisodeSummary, float]:
-        """One episode and its wall time."""
-        env = slot.pool.borrow()
-        summary = None
+        """One episode (the env's own turn budget, if it sets one) and its wall time."""
         sampling = sampling_params(self.sampling, seed)
         if slot.config.max_tokens is not None:
             sampling = dataclasses.replace(sampling, max_tokens=slot.config.max_tokens)
-        started = time.monotonic()
-        try:
-            summary = run_episode(
-                env,
-                self.seat,
-                env_id=slot.name,
-                task_id=task_id,
-                seed=seed,
-                group_id=group_id,
-                sampling=sampling,
-            )
-            return summary, time.monotonic() - started
-        finally:
-            # an env an episode failed in may be broken itself: a fresh one next time
-            healthy = summary is not None and summary.status != SessionStatus.FAILED
-            slot.pool.give_back(env, healthy=healthy)
+        return self.player.play(slot, task_id, group_id, seed, sampling)
 
     def _count(self, env: str, result: EpisodeSummary, wall_s: float) -> None:
         with self._lock:

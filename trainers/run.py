@@ -4,9 +4,11 @@
     python -m trainers.run env=chat method=combine model=tiny trainer.max_steps=2
     python -m trainers.run env=arith method=binary env.group_size=4
     python -m trainers.run engine=vllm model=tiny env=chat method=binary trainer.max_steps=2
+    python -m trainers.run cluster=ray env=[arith,terminal]   # rollout workers on Ray
 
 Hydra composes the typed config of `trainers/config.py` from the groups under
-`trainers/conf/` (method, judge) and the shared ones of `agents/conf/` (env, model, engine).
+`trainers/conf/` (method, judge, cluster) and the shared ones of `agents/conf/` (env, model,
+engine).
 A run directory receives the resolved config, the store, the adapters (adapters/v<N>),
 checkpoints, metrics (metrics.jsonl and TensorBoard) and summary.json; the same command on
 the same directory resumes a run, even one killed with SIGKILL, and its summary.json counts
@@ -21,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from trainers.learner import Learner
 from trainers.metrics import MetricsWriter, Record, read_metrics, step_rows
 from trainers.pipeline import Pipeline
 from trainers.progress import Progress, episode_summary
+from trainers.rollouts import EpisodePlayer, LocalPlayer
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +128,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     }
     try:
         with (
-            serve_policy(engine, store, _served(config.serve, live), config.model.name) as (
+            serve_policy(engine, store, _served(config, live), config.model.name) as (
                 url,
                 proxy,
             ),
@@ -140,6 +143,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                     admin_key=proxy.admin_key,
                 )
             ) as eval_seat,
+            contextlib.ExitStack() as stack,
         ):
             simulated = {
                 name: with_run_endpoint(env, url, serve_key(config.serve))
@@ -147,6 +151,9 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 if env.users == "simulated"
             }
             make_envs = {name: env_factory(env) for name, env in simulated.items()}
+            player = stack.enter_context(
+                rollout_player(config, simulated, url, proxy.admin_key, seat)
+            )
             evaluator = Evaluator(
                 config.eval,
                 simulated,
@@ -164,7 +171,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
                 judge,
                 judges_by_env,
                 make_envs,
-                seat=seat,
+                player=player,
                 publish=proxy.publish_adapter,
                 metrics=metrics,
                 evaluator=evaluator,
@@ -213,12 +220,44 @@ def with_run_endpoint(env: EnvConfig, url: str, api_key: str | None) -> EnvConfi
     return dataclasses.replace(env, kwargs=kwargs)
 
 
-def _served(serve: ServeSection, live: bool) -> ServeSection:
+def _served(config: RunConfig, live: bool) -> ServeSection:
     """Where the proxy listens: the configured address when clients are to reach it (live
-    users, `serve.enabled`), else any free loopback port for the run's own rollouts."""
-    if live or serve.enabled:
+    users, `serve.enabled`, rollout workers of other machines: `cluster=ray` with a
+    `serve.host` beyond loopback), else any free loopback port for the run's own rollouts."""
+    serve = config.serve
+    remote_workers = config.cluster.kind == "ray" and serve.host not in LOOPBACK
+    if live or serve.enabled or remote_workers:
         return serve
     return dataclasses.replace(serve, host="127.0.0.1", port=0)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@contextlib.contextmanager
+def rollout_player(
+    config: RunConfig,
+    envs: Mapping[str, EnvConfig],
+    url: str,
+    admin_key: str,
+    seat: ProxySeat,
+) -> Iterator[EpisodePlayer]:
+    """Where the run's episodes are played: threads of this process, or the rollout workers
+    of a Ray cluster (`cluster=ray`, trainers/cluster.py; Ray is imported only then)."""
+    if config.cluster.kind != "ray" or not envs:
+        yield LocalPlayer(seat)
+        return
+    from trainers.cluster import RayPlayer, ray_cluster, worker_url
+
+    with ray_cluster(config.cluster):
+        key = serve_key(config.serve)
+        player = RayPlayer(
+            config.cluster, envs, worker_url(url, config.cluster), key, admin_key, seat
+        )
+        try:
+            yield player
+        finally:
+            player.close()
 
 
 def _env_summaries(progress: Progress) -> dict[str, dict[str, Any]]:

@@ -282,6 +282,14 @@ def test_each_turn_answer_names_its_index_and_rewards_land_by_it(proxied):
         ("/admin/sessions", {"session_id": "s", "env_id": ""}, 400),
         ("/admin/sessions", {"session_id": "s\n", "env_id": "e"}, 400),
         ("/admin/sessions", {"session_id": "s", "env_id": "e", "task_id": 3}, 400),
+        ("/admin/sessions", {"session_id": "s", "env_id": "e", "metadata": "w"}, 400),
+        ("/admin/sessions", {"session_id": "s", "env_id": "e", "metadata": {"w": [1]}}, 400),
+        (
+            "/admin/sessions",
+            {"session_id": "s", "env_id": "e", "metadata": {"end_reason": "x"}},
+            400,
+        ),
+        ("/admin/sessions", {"session_id": "s", "env_id": "e", "metadata": {"w": "x" * 2001}}, 400),
         ("/admin/sessions/missing/end", {"messages": []}, 404),
         ("/admin/sessions/s0/end", {"rewards": {"zero": 1.0}}, 400),
         ("/admin/sessions/s0/end", {"rewards": {"0": float("nan")}}, 400),
@@ -337,3 +345,19 @@ def test_an_environment_that_cannot_reset_gives_an_empty_failed_episode(proxied)
     summary = play(seat, env=_BrokenEnv("unused"))
     assert summary.turns == 0 and "the user model is down" in (summary.error or "")
     assert store.sessions() == []  # nothing was played, nothing is recorded
+
+
+def test_a_caller_may_name_the_session_and_keep_metadata_with_it(proxied):
+    seat, store, _, _ = proxied
+    summary = run_episode(
+        ArithEnv(max_turns=2),
+        seat,
+        env_id="arith",
+        seed=0,
+        sampling=SamplingParams(max_tokens=4),
+        session_id="named-by-caller",
+        metadata={"worker": "node-a/pid 7", "attempt": 1},
+    )
+    assert summary.session_id == "named-by-caller"
+    session = store.session("named-by-caller")
+    assert session.metadata["worker"] == "node-a/pid 7" and session.metadata["attempt"] == 1
