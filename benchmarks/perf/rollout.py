@@ -93,7 +93,7 @@ from envs.sandbox import SandboxError, make_sandbox
 from envs.sandbox.bwrap import bwrap_available
 from trainers.config import RunConfig, register_configs, validate
 from trainers.progress import EpisodeRecord, Progress
-from trainers.rollouts import EnvSlot, MakeEnv, RolloutLoop
+from trainers.rollouts import EnvSlot, LocalPlayer, MakeEnv, RolloutLoop
 
 logger = logging.getLogger(__name__)
 
@@ -310,8 +310,9 @@ def measure(
             contextlib.closing(ProxySeat(url, serve_key(serve), admin_key=proxy.admin_key)) as seat,
             ThreadPoolExecutor(1, "rollout-loop") as runner,
         ):
+            player = LocalPlayer(seat)
             loop = RolloutLoop(
-                rollout, slots, seat, config.sampling, config.seed, progress, has_room=lambda: True
+                rollout, slots, player, config.sampling, config.seed, progress, lambda: True
             )
             loop.start(store)
             running = runner.submit(loop.run, stop)
