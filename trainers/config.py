@@ -172,7 +172,8 @@ class SFTConfig:
     warm_start_steps: int = 0
     """With an RL method: this many supervised steps on the demonstrations first, in the
     same run (evaluated at their end with `eval`), then `trainer.max_steps` RL steps from
-    that adapter. 0: none."""
+    that adapter. 0: none. A run given `trainer.init_adapter` starts from that adapter
+    instead and takes none."""
 
 
 @dataclass

@@ -93,7 +93,9 @@ class Pipeline:
         """The first loop that stopped on an error, and the error."""
         self.make_envs = make_envs
         self.sft = config.method.name == "sft"
-        self.warm_start = 0 if self.sft else config.sft.warm_start_steps
+        # an adapter to start from (`trainer.init_adapter`, an SFT run's) is the warm start
+        warm = not (self.sft or config.trainer.init_adapter)
+        self.warm_start = config.sft.warm_start_steps if warm else 0
         """Supervised steps on demonstrations before an RL method's first step."""
         self.total_steps = config.trainer.max_steps + self.warm_start
         kinds = {name: env.judge or config.judge.kind for name, env in config.env.items()}

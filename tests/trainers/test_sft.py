@@ -64,11 +64,13 @@ def test_rl_from_an_sft_adapter_samples_its_first_rollouts_with_that_adapter(tmp
         "env.arith.group_size=2",
         "env.arith.max_tokens=24",
         f"trainer.init_adapter={sft_dir}",
+        "sft.warm_start_steps=2",  # the adapter is the warm start: none is taken
         "trainer.max_steps=1",
     )
     assert (summary["steps"], summary["adapter_version"]) == (1, 2)  # v1 is the SFT adapter
     with Store(rl_dir / "store.sqlite") as store:
         first = [t for _, t in store.turns(turn_type=TurnType.MAIN)][:4]
+        assert not any(DEMONSTRATION in s.metadata for s in store.sessions())
     assert Counter(t.policy_version for t in first) == {1: len(first)}
     # their log-probs are the SFT adapter's, not the base model's
     config = TrainerConfig(lora_rank=4)
