@@ -194,7 +194,8 @@ def ray_cluster(cluster: ClusterConfig) -> Iterator[None]:
         # Ray's CPUs are reservations: the workers must fit whatever this machine has
         needed = cluster.workers * cluster.worker_cpus
         options["num_cpus"] = max(needed, float(os.cpu_count() or 1))
-    ray.init(address=address, **options)
+    # "local": a new Ray, never the one a stale /tmp/ray/ray_current_cluster names
+    ray.init(address=address or "local", **options)
     logger.info("Ray: %s", address or "started on this machine")
     try:
         yield
