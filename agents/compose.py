@@ -59,6 +59,8 @@ def build_engine(
     *,
     shares_gpu_with_learner: bool = False,
     cpus: Sequence[int] | None = None,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
 ) -> Engine:
     """The engine `engine.backend` names, serving `model`.
 
@@ -68,6 +70,8 @@ def build_engine(
         shares_gpu_with_learner: a learner trains on the same GPU (vLLM then takes
             `LEARNER_GPU_SHARE` of its memory unless the config says otherwise).
         cpus: vllm on a CPU: the cores it computes on (`split_cpus`); None: every core.
+        host, api_key: vllm: where its server listens, and the key it then asks for (a
+            replica that a proxy on another node reaches; loopback needs none).
     """
     validate_engine(engine)
     if engine.backend == "embedded":
@@ -100,6 +104,8 @@ def build_engine(
             whole_prefills=not on_gpu,
             cpus=None if on_gpu else cpus,
             startup_timeout=engine.startup_timeout,
+            host=host,
+            api_key=api_key,
         )
     from agents.engines.remote import RemoteEngine
 

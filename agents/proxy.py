@@ -62,6 +62,7 @@ from agents.engines.base import (
     SamplingParams,
     TokenChunk,
 )
+from agents.engines.replicas import ReplicaSet, SessionEngine
 from agents.episode_routes import add_episode_routes
 from agents.http_protocol import CONNECTION_LOST
 from agents.sessions import (
@@ -145,6 +146,13 @@ class Proxy:
         self._checkpoints = _Checkpoints(store)
         self._expiry: asyncio.Task[None] | None = None
         self.app = _build_app(self)
+
+    def engine_for(self, session_id: str) -> Engine | SessionEngine:
+        """The engine that serves a session: its own replica where the policy is served by
+        several (`agents.engines.replicas`), so that its prefix stays cached there."""
+        if isinstance(self.engine, ReplicaSet):
+            return self.engine.for_session(session_id)
+        return self.engine
 
     def publish_adapter(self, path: str, version: int) -> None:
         """Serves the adapter at `path` as policy version `version` from the next request on."""
@@ -324,8 +332,8 @@ class _Turn:
 
     async def complete(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         """The whole non-streaming request; a client that leaves cancels it."""
-        engine = self.proxy.engine
         await self._begin()
+        engine = self.proxy.engine_for(self.info.session_id)
         calls = [
             engine.agenerate(self.messages, self.tools, s, self.adapter) for s in self.sampling
         ]
@@ -355,8 +363,8 @@ class _Turn:
     ) -> list[tuple[AsyncGenerator[TokenChunk | Completion, None], Any]]:
         """Starts every choice and waits for its first item, so that an engine that fails
         lazily still fails before the response starts."""
-        engine, streams = self.proxy.engine, []
         await self._begin()
+        engine, streams = self.proxy.engine_for(self.info.session_id), []
         try:
             for sampling in self.sampling:
                 streams.append(engine.astream(self.messages, self.tools, sampling, self.adapter))

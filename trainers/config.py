@@ -209,6 +209,18 @@ class ClusterConfig:
     proxy_host: str | None = None
     """ray: the address workers reach the proxy at, where it is not the one the proxy binds
     (a proxy on 0.0.0.0: this node's address on the cluster's network)."""
+    replicas: int = 0
+    """ray with engine=vllm: vLLM replicas as Ray actors behind the proxy, routed by session
+    (`agents.engines.replicas`); 0: the engine runs beside the trainer as `engine=` says."""
+    replica_cpus: float = 1.0
+    """ray: CPUs each replica reserves (on a CPU node, the cores its threads are bound to)."""
+    replica_gpus: float = 0.0
+    """ray: GPUs each replica reserves (1: a GPU of its own; 0.5: half of one, with
+    `engine.gpu_memory_utilization` at most 0.5)."""
+    place_timeout_s: float = 600.0
+    """ray: seconds the workers and replicas may wait for a place on the cluster (a replica
+    then has `engine.startup_timeout` more to answer); past it the run stops, naming what it
+    asked for and what the cluster has, rather than wait for resources that never come."""
 
 
 @dataclass
@@ -277,6 +289,8 @@ def validate(config: RunConfig) -> None:
             f"method={config.method.name!r}: choose method=binary, opd, combine or sft"
         )
     validate_cluster(config.cluster)
+    if config.cluster.replicas and config.engine.backend != "vllm":
+        raise ValueError("cluster.replicas are vLLM servers: add engine=vllm")
     if config.sft.episodes < 1 or config.sft.warm_start_steps < 0:
         raise ValueError("sft.episodes must be >= 1 and sft.warm_start_steps >= 0")
     if config.judge.votes < 1:
@@ -342,3 +356,11 @@ def validate_cluster(cluster: ClusterConfig) -> None:
             f"cluster.workers must be >= 1 and cluster.worker_cpus > 0, got "
             f"{cluster.workers} and {cluster.worker_cpus}"
         )
+    if cluster.place_timeout_s <= 0:
+        raise ValueError(f"cluster.place_timeout_s must be > 0, got {cluster.place_timeout_s}")
+    if cluster.replicas < 0 or cluster.replica_cpus <= 0 or cluster.replica_gpus < 0:
+        raise ValueError(
+            "cluster.replicas must be >= 0, cluster.replica_cpus > 0 and cluster.replica_gpus >= 0"
+        )
+    if cluster.replicas and cluster.kind != "ray":
+        raise ValueError("cluster.replicas places vLLM replicas on Ray: add cluster=ray")

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
 from agents.config import EnvConfig, ServeSection
 from agents.demonstrations import DEMONSTRATION
+from agents.engines.base import Engine
 from agents.engines.vllm import own_cpus
 from agents.rollout import ProxySeat
 from agents.store import Store
@@ -96,23 +97,15 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
     rollouts reach it over HTTP like any client, so the proxy is the one writer of turns.
     """
     validate(config)
+    with cluster_session(config):
+        return _train(config, run_dir)
+
+
+def _train(config: RunConfig, run_dir: Path) -> RunSummary:
     torch.manual_seed(config.seed)
     started = time.monotonic()
     learner = Learner(config.model.name, config.trainer, run_dir)
-    engine_cpus = None
-    if config.engine.backend == "vllm" and learner.device.type == "cpu":
-        # vLLM pins its OpenMP threads: the learner's own must not spin on the same cores
-        learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
-        torch.set_num_threads(config.trainer.threads or len(learner_cpus))
-        logger.info("cores: learner %s, vLLM %s", learner_cpus, engine_cpus)
-    elif config.trainer.threads:
-        torch.set_num_threads(config.trainer.threads)
-    engine = build_engine(
-        config.engine,
-        config.model,
-        shares_gpu_with_learner=learner.device.type == "cuda",
-        cpus=engine_cpus,
-    )
+    engine = _policy_engine(config, learner)
     store = Store(run_dir / "store.sqlite")
     metrics = MetricsWriter(run_dir, config.trainer.wandb_project)
     # The engine makes its adapter slots now, so that the first publish is a copy like
@@ -234,6 +227,45 @@ def _served(config: RunConfig, live: bool) -> ServeSection:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def _policy_engine(config: RunConfig, learner: Learner) -> Engine:
+    """The engine that serves the policy: vLLM replicas on Ray (`cluster.replicas`), or the
+    one `engine=` builds beside the learner (on a CPU, vLLM and the learner split the cores:
+    vLLM pins its OpenMP threads, and the learner's must not spin on the same ones)."""
+    if config.cluster.replicas:
+        from trainers.cluster import ray_replicas
+
+        if config.trainer.threads:
+            torch.set_num_threads(config.trainer.threads)
+        return ray_replicas(config.cluster, config.engine, config.model)
+    engine_cpus = None
+    if config.engine.backend == "vllm" and learner.device.type == "cpu":
+        learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
+        torch.set_num_threads(config.trainer.threads or len(learner_cpus))
+        logger.info("cores: learner %s, vLLM %s", learner_cpus, engine_cpus)
+    elif config.trainer.threads:
+        torch.set_num_threads(config.trainer.threads)
+    return build_engine(
+        config.engine,
+        config.model,
+        shares_gpu_with_learner=learner.device.type == "cuda",
+        cpus=engine_cpus,
+    )
+
+
+@contextlib.contextmanager
+def cluster_session(config: RunConfig) -> Iterator[None]:
+    """Connected to Ray for the run where `cluster=ray` has anything to place on it (rollout
+    workers, replicas); nothing otherwise (Ray is not imported)."""
+    simulated = any(env.users == "simulated" for env in config.env.values())
+    if config.cluster.kind != "ray" or not (simulated or config.cluster.replicas):
+        yield
+        return
+    from trainers.cluster import ray_cluster
+
+    with ray_cluster(config.cluster):
+        yield
+
+
 @contextlib.contextmanager
 def rollout_player(
     config: RunConfig,
@@ -247,17 +279,14 @@ def rollout_player(
     if config.cluster.kind != "ray" or not envs:
         yield LocalPlayer(seat)
         return
-    from trainers.cluster import RayPlayer, ray_cluster, worker_url
+    from trainers.cluster import RayPlayer, worker_url  # Ray is connected (cluster_session)
 
-    with ray_cluster(config.cluster):
-        key = serve_key(config.serve)
-        player = RayPlayer(
-            config.cluster, envs, worker_url(url, config.cluster), key, admin_key, seat
-        )
-        try:
-            yield player
-        finally:
-            player.close()
+    key = serve_key(config.serve)
+    player = RayPlayer(config.cluster, envs, worker_url(url, config.cluster), key, admin_key, seat)
+    try:
+        yield player
+    finally:
+        player.close()
 
 
 def _env_summaries(progress: Progress) -> dict[str, dict[str, Any]]:

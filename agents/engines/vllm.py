@@ -46,8 +46,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -89,6 +90,30 @@ DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 
 class AdapterLoadError(RuntimeError):
     """vLLM refused an adapter; the previous version is still served."""
+
+
+StageAdapter = Callable[[str, int], str]
+"""Puts the adapter at a path of this process as version N where the server reads it;
+returns the path there."""
+
+
+class ServerHandle(Protocol):
+    """What an engine needs of its server's process: `ServerProcess` for a child of this
+    process, a Ray replica's handle for one on another node."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def alive(self) -> bool: ...
+
+    def healthy(self, timeout: float = 2.0) -> bool: ...
+
+    def death(self, wait: float = 0.0) -> EngineDied | None: ...
+
+    def stop(self, grace: float = 10.0) -> None: ...
 
 
 def vllm_python(python: str | os.PathLike[str] | None = None) -> Path:
@@ -178,17 +203,21 @@ class VLLMEngine(ThreadedAsync):
         startup_timeout: float = 300.0,
         request_timeout: float = 600.0,
         extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        api_key: str | None = None,
     ):
         _check_options(max_loras, gpu_memory_utilization)
-        self.model_dir = models.resolve(model)
-        self.base_name = Path(str(model)).name
+        if host not in ("127.0.0.1", "localhost") and not api_key:
+            raise ValueError(f"a vLLM server listening on {host} needs an api_key")
+        model_dir = models.resolve(model)
         port = port or free_port()
         command = [
             str(vllm_python(python)),
             "-m",
             "vllm.entrypoints.openai.api_server",
-            *("--model", str(self.model_dir), "--served-model-name", self.base_name),
-            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--model", str(model_dir), "--served-model-name", Path(str(model)).name),
+            *("--host", host, "--port", str(port)),
+            *(("--api-key", api_key) if api_key else ()),
             *("--dtype", dtype, "--max-model-len", str(max_model_len)),
             *_lora_args(max_loras, max_lora_rank, lora_target_modules),
             *_gpu_args(gpu_memory_utilization, enforce_eager),
@@ -196,7 +225,7 @@ class VLLMEngine(ThreadedAsync):
             # Sample exactly as asked: no defaults from the model's generation_config.json.
             *("--generation-config", "vllm", "--logprobs-mode", "raw_logprobs"),
             *("--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"),
-            *self._template_args(),
+            *_template_args(model_dir),
             *extra_args,
         ]
         env = {
@@ -209,9 +238,42 @@ class VLLMEngine(ThreadedAsync):
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
         }
-        self._server = ServerProcess(command, port, env, startup_timeout)
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        self._http = OpenAIHTTP(self.base_url, timeout=request_timeout)
+        server = ServerProcess(command, port, env, startup_timeout)
+        url = f"http://{host}:{port}/v1"
+        self._attach(str(model), server, url, api_key, request_timeout, stage=None)
+
+    @classmethod
+    def attached(
+        cls,
+        model: str | os.PathLike[str],
+        server: ServerHandle,
+        base_url: str,
+        api_key: str | None,
+        stage: StageAdapter,
+        request_timeout: float = 600.0,
+    ) -> VLLMEngine:
+        """A client of a vLLM server another process started (a Ray replica's, on its own
+        node): the same versions, in-flight counts and unloads as an engine that owns its
+        server, with `server` to tell its death and stop it, and `stage` to put each
+        adapter where that server reads it (`stage(path, version)` -> its path there)."""
+        engine = cls.__new__(cls)
+        engine._attach(str(model), server, base_url, api_key, request_timeout, stage)
+        return engine
+
+    def _attach(
+        self,
+        model: str,
+        server: ServerHandle,
+        base_url: str,
+        api_key: str | None,
+        request_timeout: float,
+        stage: StageAdapter | None,
+    ) -> None:
+        self.base_name = Path(model).name
+        self._server = server
+        self._stage = stage
+        self.base_url = base_url
+        self._http = OpenAIHTTP(self.base_url, api_key=api_key, timeout=request_timeout)
         self._version = 0
         self._names: dict[int, str] = {}
         """Served LoRA name of each loaded version (under `_lock`)."""
@@ -221,12 +283,6 @@ class VLLMEngine(ThreadedAsync):
         self._publishing = threading.Lock()
         self._closed = False
 
-    def _template_args(self) -> list[str]:
-        # The model directory's own template, named explicitly so vLLM cannot fall back to
-        # a built-in one.
-        template = self.model_dir / "chat_template.jinja"
-        return ["--chat-template", str(template)] if template.exists() else []
-
     @property
     def policy_version(self) -> int:
         return self._version
@@ -234,6 +290,11 @@ class VLLMEngine(ThreadedAsync):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def server(self) -> ServerHandle:
+        """The server's process: its liveness, health and death."""
+        return self._server
 
     @property
     def pid(self) -> int:
@@ -306,7 +367,8 @@ class VLLMEngine(ThreadedAsync):
             EngineDied: the server is gone.
         """
         name = f"{POLICY}-v{version}"
-        body = {"lora_name": name, "lora_path": str(Path(path).resolve())}
+        served = self._stage(path, version) if self._stage else str(Path(path).resolve())
+        body = {"lora_name": name, "lora_path": served}
         started = time.perf_counter()
         with self._publishing:
             if version <= self._version:
@@ -413,6 +475,13 @@ class VLLMEngine(ThreadedAsync):
 
     def __repr__(self) -> str:
         return f"VLLMEngine({self.base_name!r}, {self.base_url}, pid={self.pid})"
+
+
+def _template_args(model_dir: Path) -> list[str]:
+    """The model directory's own template, named explicitly so vLLM cannot fall back to a
+    built-in one."""
+    template = model_dir / "chat_template.jinja"
+    return ["--chat-template", str(template)] if template.exists() else []
 
 
 def _check_options(max_loras: int, gpu_memory_utilization: float | None) -> None:

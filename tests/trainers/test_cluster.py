@@ -59,7 +59,7 @@ def _alive_nodes(address: str) -> int:
     return int(result.stdout.split()[-1]) if result.returncode == 0 else 0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_nodes():
     """A head and a second node, 1 CPU each, on loopback; its address."""
     port = _free_port()
@@ -152,6 +152,32 @@ def test_workers_on_two_nodes_play_a_mixture_and_a_killed_worker_fails_only_its_
     assert later and all(s.metadata["worker_pid"] != pid for s in later)
 
 
+def test_workers_that_the_cluster_cannot_place_stop_the_run_naming_the_resources(
+    tmp_path, two_nodes
+):
+    command = [
+        sys.executable,
+        "-m",
+        "trainers.run",
+        *TINY,
+        *TEST_DEFAULTS,
+        "env=[arith]",
+        "trainer.max_steps=1",
+        "cluster=ray",
+        f"cluster.address={two_nodes}",
+        "cluster.worker_cpus=2",  # each node has 1
+        "cluster.place_timeout_s=5",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, env=AUTH, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0
+    assert "2 rollout workers of 2 CPUs found no place on the Ray cluster within 5 s" in (
+        result.stderr
+    )
+
+
 def test_the_default_cluster_trains_in_process_without_importing_ray():
     probe = (
         "import sys; import trainers.run, trainers.rollouts, trainers.pipeline; "
@@ -169,6 +195,9 @@ def test_the_default_cluster_trains_in_process_without_importing_ray():
         (ClusterConfig(kind="slurm"), "cluster=local or cluster=ray"),
         (ClusterConfig(kind="ray", workers=0), "cluster.workers"),
         (ClusterConfig(kind="ray", worker_cpus=0), "cluster.worker_cpus"),
+        (ClusterConfig(kind="ray", place_timeout_s=0), "cluster.place_timeout_s"),
+        (ClusterConfig(kind="ray", replicas=2), "engine=vllm"),
+        (ClusterConfig(kind="local", replicas=2), "cluster=ray"),
     ],
 )
 def test_a_cluster_config_that_cannot_run_says_the_fix(cluster, fragment):
@@ -184,3 +213,36 @@ def test_workers_reach_the_proxy_where_the_cluster_says():
     assert worker_url(url, ClusterConfig(kind="ray")) == url
     moved = worker_url(url, ClusterConfig(kind="ray", proxy_host="10.0.0.5"))
     assert moved == "http://10.0.0.5:4000/v1"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_vllm_replicas_on_ray_serve_a_run_and_take_every_adapter(tmp_path):
+    """Two vLLM replicas as Ray actors (a Ray started for the run), each bound to its own
+    core, serve the run's sessions; every version reaches both (the learner's log-probs
+    match what the replicas sampled at versions 1 and 2)."""
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "trainers.run",
+        *TINY,
+        *TEST_DEFAULTS,
+        "env=[arith]",
+        "env.arith.group_size=2",
+        "env.arith.max_tokens=16",
+        "engine=vllm",
+        "engine.max_lora_rank=8",
+        "method=binary",
+        "trainer.max_steps=2",
+        "cluster=ray",
+        "cluster.replicas=2",
+        "cluster.workers=1",
+        f"run_dir={run_dir}",
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "2 vLLM replicas on Ray" in (run_dir / "run.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["engine"], summary["steps"], summary["adapter_version"]) == ("vllm", 2, 2)
+    assert summary["logprob_gap_max"] is not None and summary["logprob_gap_max"] < 1e-3
