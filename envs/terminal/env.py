@@ -26,6 +26,7 @@ from envs.sandbox import (
 from envs.terminal.grading import (
     Run,
     Verdict,
+    grade_harbor,
     grade_icalfa,
     grade_tbench,
     prepare,
@@ -33,6 +34,7 @@ from envs.terminal.grading import (
     snapshot,
     unstable_paths,
 )
+from envs.terminal.harbor import build_image, for_backend
 from envs.terminal.tasks import TerminalTask, load_task_set
 from envs.tools import Tool
 
@@ -48,7 +50,9 @@ class TerminalEnv(AgentEnv):
 
     Args:
         tasks: "tbench" (the shipped terminal-bench-format tasks), "icalfa" (InterCode-ALFA's
-            300 tasks) or the path of a directory of terminal-bench-format tasks.
+            300 tasks), "harbor" (the shipped tasks as Harbor folders), "harbor:PATH" (a
+            folder of Harbor task folders) or the path of a directory of
+            terminal-bench-format tasks.
         split: "train", "test" (held out) or "all".
         sandbox: "auto", "bwrap" or "docker".
         max_turns: assistant messages allowed per episode.
@@ -71,8 +75,10 @@ class TerminalEnv(AgentEnv):
         super().__init__(max_turns=max_turns)
         self.task_set = tasks
         self.split = split
-        self.tasks = load_task_set(tasks, split)
         self.backend = resolve_backend(sandbox)
+        self.tasks = {
+            k: for_backend(t, self.backend) for k, t in load_task_set(tasks, split).items()
+        }
         self.base_config = SandboxConfig(max_output=max_output, memory_mb=memory_mb)
         self.pool_size = pool
         self._pools: dict[SandboxConfig, SandboxPool] = {}
@@ -166,6 +172,8 @@ class TerminalEnv(AgentEnv):
                     agent, before=self._baseline, after=snapshot(self.sandbox, self.task.writable)
                 )
             self._verdict = self._grade_icalfa(agent)
+        elif self.task.kind == "harbor":
+            self._verdict = grade_harbor(self._make_sandbox, self.sandbox, self.task)
         else:
             self._verdict = grade_tbench(self._make_sandbox, self.sandbox, self.task)
         return self._verdict
@@ -189,10 +197,16 @@ class TerminalEnv(AgentEnv):
             self.base_config,
             workdir=task.workdir,
             writable=task.writable,
-            readonly=("/tests",) if task.kind == "tbench" else (),
+            readonly=("/tests",) if task.kind in ("tbench", "harbor") else (),
             timeout=task.command_timeout,
             env=task.env,
         )
+        if task.environment and self.backend == "docker":  # its own image: no pool
+            from envs.sandbox.docker import DockerSandbox
+
+            with closed_on_failure(DockerSandbox(config, build_image(task.environment))) as box:
+                box.start()
+            return box
         if self.pool_size:
             if config not in self._pools:
                 self._pools[config] = SandboxPool(self.backend, config, self.pool_size)

@@ -6,6 +6,11 @@
   work directory, in its shell or in Python's and pytest's start-up paths, and every
   process it started, take no part; the reward is 1 when every test passed and 0
   otherwise (the fraction passed is in the info).
+- Harbor tasks: the same fresh sandbox, carried work directory, pristine /tests and empty
+  environment; `tests/test.sh` runs under the verifier's timeout and the reward is what it
+  wrote to /logs/verifier/reward.txt (a number) or reward.json (its "reward" entry, or its
+  only entry), read by the host afterwards; no reward file, or one that does not parse,
+  is 0.
 - InterCode-ALFA tasks, graded as InterCode does: the gold command runs in a fresh sandbox
   set up like the agent's; the reward is 0.01 + 0.33 x (file-system changes match, by the
   complement of the error function of the number of differing paths) + 0.33 x (files both
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import re
 import tarfile
@@ -29,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.sandbox import Sandbox, SandboxError
+from envs.sandbox import ExecResult, Sandbox, SandboxError
 from envs.terminal.tasks import TerminalTask
 
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XPASS)\s+(\S+)", re.MULTILINE)
@@ -69,16 +75,7 @@ def grade_tbench(
     except SandboxError as error:
         return Verdict(0.0, f"not graded: {error}", {"tests_passed": 0, "tests_total": 0})
     with make(task) as sandbox:
-        prepare(sandbox, task)
-        sandbox.exec(f"find {_quote(task.workdir)} -mindepth 1 -delete", timeout=60)
-        sandbox.import_tree(task.workdir, work)
-        for path, content in task.tests:
-            sandbox.write_file(f"/tests/{path}", content)
-        environment = (*_TEST_ENV, ("TEST_DIR", "/tests"), *task.env)
-        result = sandbox.exec(
-            isolated(f"cd {_quote(task.workdir)} && {{ {task.test_command}; }} 2>&1", environment),
-            timeout=task.test_timeout,
-        )
+        result = run_tests(sandbox, task, work)
     outcomes = _SUMMARY.findall(result.stdout)
     passed = sum(1 for outcome, _ in outcomes if outcome in ("PASSED", "XPASS"))
     total = len(outcomes)
@@ -86,6 +83,70 @@ def grade_tbench(
     summary = f"{passed}/{total} tests passed" + (" (tests timed out)" if result.timed_out else "")
     details = {"tests_passed": passed, "tests_total": total, "test_output": result.stdout[-4000:]}
     return Verdict(reward, summary, details)
+
+
+def run_tests(sandbox: Sandbox, task: TerminalTask, work: bytes) -> ExecResult:
+    """Sets `sandbox` up from the pristine task, puts the agent's work directory `work` in
+    place, writes the tests to /tests and runs them from an empty environment."""
+    prepare(sandbox, task)
+    sandbox.exec(f"find {_quote(task.workdir)} -mindepth 1 -delete", timeout=60)
+    sandbox.import_tree(task.workdir, work)
+    for path, content in task.tests:
+        sandbox.write_file(f"/tests/{path}", content)
+    environment = (*_TEST_ENV, ("TEST_DIR", "/tests"), *task.env)
+    return sandbox.exec(
+        isolated(f"cd {_quote(task.workdir)} && {{ {task.test_command}; }} 2>&1", environment),
+        timeout=task.test_timeout,
+    )
+
+
+# -- Harbor ---------------------------------------------------------------------------------
+def grade_harbor(
+    make: Callable[[TerminalTask], Sandbox], agent: Sandbox, task: TerminalTask
+) -> Verdict:
+    """Runs a Harbor task's tests/test.sh as `grade_tbench` runs tests (fresh sandbox, only
+    the work directory carried over) and reads the reward file it wrote."""
+    try:
+        work = agent.export_tree(task.workdir)
+    except SandboxError as error:
+        return Verdict(0.0, f"not graded: {error}", {})
+    with make(task) as sandbox:
+        sandbox.exec("rm -rf /logs/verifier && mkdir -p /logs/verifier", timeout=60)
+        result = run_tests(sandbox, task, work)
+        files = {}
+        for name in ("reward.txt", "reward.json"):
+            try:
+                files[name] = sandbox.read_file(f"/logs/verifier/{name}").decode(errors="replace")
+            except SandboxError:
+                continue
+    reward, summary = parse_reward(files)
+    if result.timed_out:
+        summary += " (tests timed out)"
+    details = {"test_exit_code": result.exit_code, "test_output": result.stdout[-4000:]}
+    return Verdict(reward, summary, details)
+
+
+def parse_reward(files: dict[str, str]) -> tuple[float, str]:
+    """The reward (and how it was found) from the contents of Harbor's reward files by
+    name; reward.txt wins over reward.json, as in Harbor."""
+    try:
+        if "reward.txt" in files:
+            reward = float(files["reward.txt"].strip())
+        elif "reward.json" in files:
+            rewards = json.loads(files["reward.json"])
+            if not isinstance(rewards, dict) or not rewards:
+                return 0.0, "reward.json holds no rewards"
+            value = rewards["reward"] if "reward" in rewards else next(iter(rewards.values()))
+            if len(rewards) > 1 and "reward" not in rewards:
+                return 0.0, f"reward.json has several rewards and none named 'reward': {rewards}"
+            reward = float(value)
+        else:
+            return 0.0, "no reward file was written"
+    except (ValueError, TypeError, KeyError) as error:
+        return 0.0, f"the reward file does not parse: {error}"
+    if not math.isfinite(reward):
+        return 0.0, f"the reward is not a finite number: {reward}"
+    return reward, f"reward {reward:g}"
 
 
 def isolated(command: str, environment: Sequence[tuple[str, str]]) -> str:
@@ -161,7 +222,8 @@ def prepare(sandbox: Sandbox, task: TerminalTask) -> None:
         "exit $status",
         timeout=300,
     )
-    if result.timed_out or result.exit_code in (126, 127):
+    failed = task.kind == "harbor" and result.exit_code != 0
+    if result.timed_out or result.exit_code in (126, 127) or failed:
         raise SandboxError(f"the setup of {task.task_id} failed (exit code {result.exit_code})")
 
 

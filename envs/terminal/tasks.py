@@ -7,6 +7,9 @@
   listing `{command: ...}` steps), `tests/` run by pytest (through `run-tests.sh` when the
   task has one), and optionally `setup.sh`, which stands in for the Dockerfile's build steps
   (images are never pulled here) and runs in the sandbox before the agent starts.
+- "harbor": the same tasks as Harbor task folders (terminal-bench 2.0's format), shipped in
+  `envs/terminal/harbor/`; "harbor:PATH" loads any folder of Harbor task folders (see
+  `harbor.py`).
 - "icalfa": InterCode-ALFA's 300 natural-language-to-bash tasks, read from the installed
   `icalfa` package's data files (its code, which needs scikit-learn and Docker, is not
   imported), each with the file-system setup script of its image and its gold command.
@@ -57,6 +60,8 @@ class TerminalTask:
         test_timeout: seconds the tests may run.
         command_timeout: seconds one agent command may run.
         env: environment variables of the task's shell.
+        environment: a Harbor task's `environment/` folder (its Dockerfile is built for the
+            Docker backend); empty for the other kinds.
     """
 
     task_id: str
@@ -71,6 +76,7 @@ class TerminalTask:
     test_timeout: float = 120.0
     command_timeout: float = 30.0
     env: tuple[tuple[str, str], ...] = ()
+    environment: str = ""
 
 
 def select_split(tasks: list[TerminalTask], split: str) -> dict[str, TerminalTask]:
@@ -88,7 +94,13 @@ def select_split(tasks: list[TerminalTask], split: str) -> dict[str, TerminalTas
 
 
 def load_task_set(source: str, split: str) -> dict[str, TerminalTask]:
-    """The tasks of `source` ("tbench", "icalfa", or a task directory) in `split`."""
+    """The tasks of `source` ("tbench", "icalfa", "harbor", "harbor:PATH" or a task
+    directory) in `split`."""
+    if source == "harbor" or source.startswith("harbor:"):
+        from envs.terminal.harbor import HARBOR_SHIPPED, load_harbor
+
+        path = source.partition(":")[2] or str(HARBOR_SHIPPED)
+        return select_split(list(load_harbor(path)), split)
     if source == "icalfa":
         return select_split(list(load_icalfa()), split)
     directory = SHIPPED if source == "tbench" else Path(source)

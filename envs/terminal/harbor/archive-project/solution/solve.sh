@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /app && tar --exclude='*.log' -czf project.tar.gz project

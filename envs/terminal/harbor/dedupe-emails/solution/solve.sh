@@ -1,0 +1,2 @@
+#!/bin/bash
+tr 'A-Z' 'a-z' < /app/emails.txt | sort -u > /app/unique.txt

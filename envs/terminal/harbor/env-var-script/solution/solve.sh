@@ -1,0 +1,2 @@
+#!/bin/bash
+printf '#!/bin/sh\necho "${APP_MODE:-unset}"\n' > /app/show_env.sh && chmod +x /app/show_env.sh

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -rn /app/numbers.txt > /app/sorted.txt
