@@ -16,6 +16,7 @@ ENVIRONMENTS: dict[str, tuple[str, dict[str, Any]]] = {
     f"{NAMESPACE}/Terminal-v0": ("envs.terminal.env:TerminalEnv", {}),
     f"{NAMESPACE}/ToolCall-v0": ("envs.toolcall.env:ToolCallEnv", {}),
     f"{NAMESPACE}/SWE-v0": ("envs.swe.env:SWEEnv", {}),
+    f"{NAMESPACE}/OpenEnv-v0": ("envs.openenv.env:OpenEnvEnv", {}),
 }
 
 
