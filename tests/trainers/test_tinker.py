@@ -1,0 +1,226 @@
+"""The real `tinker` SDK against clawgym's Tinker server on the tiny model, over loopback."""
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import tinker
+import uvicorn
+from tinker import types
+
+from trainers.tinker.app import build_app
+from trainers.tinker.engine import TinkerEngine
+
+PROMPT = [1, 5, 9, 200, 31, 7]
+COMPLETION = [44, 45, 46, 47, 12]
+
+
+def _inputs(**values: list) -> dict[str, types.TensorData]:
+    """Loss inputs as the SDK types them: token ids int64, the rest float32."""
+    return {
+        name: types.TensorData.from_numpy(
+            np.asarray(row, dtype=np.int64 if name == "target_tokens" else np.float32)
+        )
+        for name, row in values.items()
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):
+    app = build_app(TinkerEngine("tiny", tmp_path_factory.mktemp("tinker-run")))
+    config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{config.port}"
+    server.should_exit = True
+    app.state.futures.close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def service(base_url, monkeypatch):
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    return tinker.ServiceClient(base_url=base_url, api_key="tml-loopback")
+
+
+def _rewarded(logprobs: list[float]):
+    """Predict each next token; advantage 1 on the completion, 0 on the prompt."""
+    tokens = PROMPT + COMPLETION
+    shift = len(PROMPT) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs=_inputs(
+            target_tokens=tokens[1:],
+            logprobs=[0.0] * shift + logprobs,
+            advantages=[0.0] * shift + [1.0] * len(COMPLETION),
+        ),
+    )
+
+
+def _completion_logprob(sampler) -> float:
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT + COMPLETION)).result()
+    return sum(scored[len(PROMPT) :])
+
+
+def test_importance_sampling_step_raises_the_rewarded_logprob(service, base_url):
+    rest = tinker.RestClient(base_url=base_url, api_key="tml-loopback")
+    models = rest.get_server_capabilities().result().supported_models
+    assert [m.model_name for m in models] == ["tiny"]
+    trainer = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    before = trainer.save_weights_and_get_sampling_client().result()
+    sampled = before.sample(
+        types.ModelInput.from_ints(PROMPT), 2, types.SamplingParams(max_tokens=3, seed=3)
+    ).result()
+    assert [len(s.tokens) for s in sampled.sequences] == [3, 3]
+    assert all(lp <= 0 for s in sampled.sequences for lp in s.logprobs)
+    scored = before.compute_logprobs(types.ModelInput.from_ints(PROMPT + COMPLETION)).result()
+    old = scored[len(PROMPT) :]
+
+    output = trainer.forward_backward([_rewarded(old)], "importance_sampling").result()
+    # on-policy, the ratio is 1: the loss is minus the summed advantages
+    assert output.metrics["loss:sum"] == pytest.approx(-len(COMPLETION), abs=1e-3)
+    assert output.loss_fn_outputs[0]["logprobs"].tolist()[-len(COMPLETION) :] == pytest.approx(
+        old, abs=1e-4
+    )
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = trainer.save_weights_and_get_sampling_client().result()
+    assert _completion_logprob(after) > sum(old) + 0.5
+    assert _completion_logprob(before) == pytest.approx(sum(old), abs=1e-4)
+
+
+def test_sampled_logprobs_are_the_scored_logprobs(service):
+    sampler = service.create_sampling_client(base_model="tiny").result()
+    prompt = types.ModelInput.from_ints(PROMPT)
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=7)
+    sequence = sampler.sample(prompt, 1, params).result().sequences[0]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT + sequence.tokens))
+    assert scored.result()[len(PROMPT) :] == pytest.approx(sequence.logprobs, abs=1e-4)
+    greedy = types.SamplingParams(max_tokens=4, temperature=0.0, stop=[sequence.tokens[0]])
+    stopped = sampler.sample(prompt, 1, greedy).result().sequences[0]
+    assert stopped.stop_reason in ("stop", "length")
+    assert stopped.stop_reason == "length" or stopped.tokens[-1] == sequence.tokens[0]
+
+
+def test_saved_state_resumes_in_a_new_training_client(service):
+    trainer = service.create_lora_training_client(base_model="tiny", rank=4, train_mlp=False)
+    trainer = trainer.result()
+    datum = _rewarded([-5.0] * len(COMPLETION))
+    trainer.forward_backward([datum], "importance_sampling").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    saved = trainer.save_state("after-one-step").result().path
+    assert saved.startswith("tinker://") and saved.endswith("/weights/after-one-step")
+    resumed = service.create_training_client_from_state_with_optimizer(saved).result()
+    mine = trainer.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    theirs = resumed.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    assert theirs.tolist() == pytest.approx(mine.tolist(), abs=1e-5)
+    sampler = service.create_sampling_client(model_path=saved).result()
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT + COMPLETION)).result()
+    assert scored[len(PROMPT) :] == pytest.approx(mine.tolist()[-len(COMPLETION) :], abs=1e-4)
+
+
+def test_cross_entropy_and_ppo_losses(service):
+    trainer = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    tokens = PROMPT + COMPLETION
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs=_inputs(target_tokens=tokens[1:], weights=[1.0] * (len(tokens) - 1)),
+    )
+    output = trainer.forward_backward([datum], "cross_entropy").result()
+    logprobs = output.loss_fn_outputs[0]["logprobs"].tolist()
+    assert output.metrics["loss:sum"] == pytest.approx(-sum(logprobs), rel=1e-4)
+    shorter = types.Datum(
+        model_input=types.ModelInput.from_ints(PROMPT[:-1]),
+        loss_fn_inputs=_inputs(target_tokens=PROMPT[1:]),
+    )
+    alone = trainer.forward([shorter], "cross_entropy").result().loss_fn_outputs[0]
+    # one padded batch: each datum's log-probs as if it were alone
+    both = trainer.forward([datum, shorter], "cross_entropy").result().loss_fn_outputs
+    assert both[0]["logprobs"].tolist() == pytest.approx(logprobs, abs=1e-4)
+    assert both[1]["logprobs"].tolist() == pytest.approx(alone["logprobs"].tolist(), abs=1e-4)
+    # sampled at far lower log-probs: the ratio is far above 1.2, so PPO clips it there
+    stale = types.Datum(
+        model_input=datum.model_input,
+        loss_fn_inputs=_inputs(
+            target_tokens=tokens[1:],
+            logprobs=[lp - 5.0 for lp in logprobs],
+            advantages=[1.0] * len(logprobs),
+        ),
+    )
+    ppo = trainer.forward_backward([stale], "ppo").result()
+    assert ppo.metrics["loss:sum"] == pytest.approx(-1.2 * len(logprobs), rel=1e-4)
+
+
+def test_bad_input_fails_its_future_and_the_server_stays_up(service):
+    with pytest.raises(tinker.RequestFailedError, match="unknown base model"):
+        service.create_lora_training_client(base_model="no-such-model", rank=4).result()
+    trainer = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    short = types.Datum(
+        model_input=types.ModelInput.from_ints(PROMPT),
+        loss_fn_inputs=_inputs(target_tokens=PROMPT[1:]),
+    )
+    with pytest.raises(tinker.RequestFailedError, match="shape"):
+        trainer.forward_backward([short], "cross_entropy").result()
+    ok = types.Datum(
+        model_input=types.ModelInput.from_ints(PROMPT),
+        loss_fn_inputs=_inputs(target_tokens=PROMPT[1:] + [2]),
+    )
+    with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs"):
+        trainer.forward_backward([ok], "ppo").result()
+    with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'cispo'"):
+        trainer.forward_backward([ok], "cispo").result()
+    other = service.create_lora_training_client(base_model="tiny", rank=2).result()
+    saved = other.save_state("rank-two").result().path
+    # load_state is deprecated in the SDK but still served
+    with pytest.warns(FutureWarning), pytest.raises(tinker.RequestFailedError, match="differs"):
+        trainer.load_state(saved).result()
+    assert trainer.forward_backward([ok], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_unknown_checkpoint_is_a_bad_request(service):
+    with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
+        service.create_sampling_client(model_path="tinker://nobody/weights/nothing").result()
+    with pytest.raises(tinker.BadRequestError, match="not a tinker://"):
+        service.create_sampling_client(model_path="tinker://a/../../etc").result()
+
+
+def test_api_key_is_required_when_set(tmp_path):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(build_app(TinkerEngine("tiny", tmp_path), api_key="tml-secret"))
+    assert client.get("/api/v1/healthz").status_code == 401
+    wrong = client.get("/api/v1/healthz", headers={"X-API-Key": "tml-other"})
+    assert wrong.status_code == 401
+    right = client.get("/api/v1/healthz", headers={"X-API-Key": "tml-secret"})
+    assert right.json() == {"status": "ok"}
+
+
+def test_malformed_protobuf_fails_its_future_as_a_user_error(tmp_path):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(build_app(TinkerEngine("tiny", tmp_path)))
+    headers = {"Content-Type": "application/x-protobuf"}
+    future = client.post("/api/v1/forward_backward", content=b"\xff\x00junk", headers=headers)
+    answer = client.post("/api/v1/retrieve_future", json=future.json()).json()
+    assert answer["category"] == "user" and "malformed" in answer["error"]
+    assert client.get("/api/v1/healthz").json() == {"status": "ok"}
+
+
+def test_the_server_refuses_a_bind_beyond_loopback_without_a_key(monkeypatch, capsys):
+    from trainers.tinker.__main__ import main
+
+    monkeypatch.delenv("CLAWGYM_TINKER_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["--host", "0.0.0.0"])
+    assert exited.value.code == 2 and "set --api-key" in capsys.readouterr().err

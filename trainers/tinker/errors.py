@@ -1,0 +1,8 @@
+"""The one error a Tinker call can blame on its caller."""
+
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """Bad input from the client (unknown model or loss, malformed datum, wrong shapes):
+    its future fails with category `user`, which the SDK raises as RequestFailedError."""
