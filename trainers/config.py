@@ -8,6 +8,7 @@ Each component receives its own sub-config. Every field has a one-line doc, and
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
@@ -224,6 +225,25 @@ class ClusterConfig:
 
 
 @dataclass
+class BackendConfig:
+    """Where the LoRA steps, sampling and teacher log-probs run (`backend=`): this process's
+    learner and `engine=`, or a Tinker service (`trainers.tinker_learner`,
+    `agents.engines.tinker`); the proxy, store, judges and methods are the same either way."""
+
+    kind: str = "local"
+    """local: the peft learner here and the configured engine; tinker: a Tinker service."""
+    base_url: str | None = None
+    """tinker: the service's address; None: $TINKER_BASE_URL (unset: Tinker's own cloud)."""
+    api_key: str | None = None
+    """tinker: its API key; None: $TINKER_API_KEY (kept out of the config written to the run)."""
+    base_model: str | None = None
+    """tinker: the service's name of the base model; None: `model.name`."""
+    context_length: int | None = None
+    """tinker: the longest prompt plus completion sampled; None: `engine.context_length`,
+    else the model's `max_position_embeddings`."""
+
+
+@dataclass
 class EvalConfig:
     """Held-out evaluation during training (trainers/evaluation.py)."""
 
@@ -253,6 +273,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     seed: int = 0
     """Seeds task choice, sampling and the LoRA initialisation."""
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
@@ -289,6 +310,7 @@ def validate(config: RunConfig) -> None:
             f"method={config.method.name!r}: choose method=binary, opd, combine or sft"
         )
     validate_cluster(config.cluster)
+    validate_backend(config)
     if config.cluster.replicas and config.engine.backend != "vllm":
         raise ValueError("cluster.replicas are vLLM servers: add engine=vllm")
     if config.sft.episodes < 1 or config.sft.warm_start_steps < 0:
@@ -345,6 +367,31 @@ def validate(config: RunConfig) -> None:
 def register_configs() -> None:
     """Makes the typed schema known to Hydra as `run_schema`."""
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+
+
+def validate_backend(config: RunConfig) -> None:
+    """Raises ValueError, saying the fix, for a backend the run cannot use."""
+    backend = config.backend
+    if backend.kind not in ("local", "tinker"):
+        raise ValueError(f"backend={backend.kind!r}: choose backend=local or backend=tinker")
+    if backend.kind == "local":
+        return
+    if not (backend.api_key or os.environ.get("TINKER_API_KEY")):
+        raise ValueError(
+            "backend=tinker needs the service's API key: set TINKER_API_KEY=tml-... (any "
+            "tml- key for clawgym's own server on loopback) or backend.api_key"
+        )
+    if config.method.name == "sft" or config.sft.warm_start_steps:
+        raise ValueError(
+            "backend=tinker takes RL steps only: use method=binary, opd or combine with "
+            "sft.warm_start_steps=0"
+        )
+    if config.trainer.init_adapter:
+        raise ValueError("backend=tinker starts from the base model: drop trainer.init_adapter")
+    if config.cluster.replicas:
+        raise ValueError("backend=tinker samples on the Tinker service: drop cluster.replicas")
+    if backend.context_length is not None and backend.context_length < 2:
+        raise ValueError(f"backend.context_length must be at least 2, got {backend.context_length}")
 
 
 def validate_cluster(cluster: ClusterConfig) -> None:

@@ -5,10 +5,13 @@
     python -m trainers.run env=arith method=binary env.group_size=4
     python -m trainers.run engine=vllm model=tiny env=chat method=binary trainer.max_steps=2
     python -m trainers.run cluster=ray env=[arith,terminal]   # rollout workers on Ray
+    TINKER_BASE_URL=http://127.0.0.1:8020 TINKER_API_KEY=tml-local \
+        python -m trainers.run backend=tinker model=tiny env=chat method=combine
 
 Hydra composes the typed config of `trainers/config.py` from the groups under
-`trainers/conf/` (method, judge, cluster) and the shared ones of `agents/conf/` (env, model,
-engine).
+`trainers/conf/` (method, judge, cluster, backend) and the shared ones of `agents/conf/`
+(env, model, engine). `backend=tinker` samples, scores and takes the LoRA steps on a Tinker
+service (`trainers.tinker_learner`), clawgym's own (`python -m trainers.tinker`) or another.
 A run directory receives the resolved config, the store, the adapters (adapters/v<N>),
 checkpoints, metrics (metrics.jsonl and TensorBoard) and summary.json; the same command on
 the same directory resumes a run, even one killed with SIGKILL, and its summary.json counts
@@ -26,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import hydra
 import torch
@@ -104,8 +107,7 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
 def _train(config: RunConfig, run_dir: Path) -> RunSummary:
     torch.manual_seed(config.seed)
     started = time.monotonic()
-    learner = Learner(config.model.name, config.trainer, run_dir)
-    engine = _policy_engine(config, learner)
+    learner, engine = _learner_and_engine(config, run_dir)
     store = Store(run_dir / "store.sqlite")
     metrics = MetricsWriter(run_dir, config.trainer.wandb_project)
     # The engine makes its adapter slots now, so that the first publish is a copy like
@@ -176,7 +178,7 @@ def _train(config: RunConfig, run_dir: Path) -> RunSummary:
         return RunSummary(
             run_dir=str(run_dir),
             method=config.method.name,
-            engine=config.engine.backend,
+            engine="tinker" if config.backend.kind == "tinker" else config.engine.backend,
             steps=learner.step_count,
             adapter_version=learner.version,
             episodes=_episodes(store, config.env),
@@ -225,6 +227,20 @@ def _served(config: RunConfig, live: bool) -> ServeSection:
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _learner_and_engine(config: RunConfig, run_dir: Path) -> tuple[Learner, Engine]:
+    """The learner and the engine serving the policy: the peft learner here and `engine=`,
+    or with `backend=tinker` both on a Tinker service (`trainers.tinker_learner`)."""
+    if config.backend.kind == "tinker":
+        from trainers.tinker_learner import tinker_backend
+
+        # a stand-in with the learner's interface for the loops (step, save_adapter,
+        # save_checkpoint, load_checkpoint, version, step_count, trained_seqs)
+        tinker_learner, tinker_engine = tinker_backend(config, run_dir)
+        return cast(Learner, tinker_learner), tinker_engine
+    learner = Learner(config.model.name, config.trainer, run_dir)
+    return learner, _policy_engine(config, learner)
 
 
 def _policy_engine(config: RunConfig, learner: Learner) -> Engine:

@@ -45,6 +45,7 @@ def test_rollout_benchmark_prints_its_table_with_ratios(tmp_path):
         assert row["server"] == {}
 
 
+@pytest.mark.slow  # 45 s; vLLM serving runs by default in tests/trainers/test_run_vllm.py
 @pytest.mark.vllm
 def test_on_vllm_the_table_adds_the_servers_own_figures(tmp_path):
     out = tmp_path / "rollout.json"

@@ -80,9 +80,10 @@ def two_nodes():
             os.killpg(node.pid, signal.SIGTERM)
         for node in nodes:
             try:
-                node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+                node.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # Ray's orderly stop takes 30 s: nothing to keep
                 os.killpg(node.pid, signal.SIGKILL)
+                node.wait(timeout=30)
 
 
 def _open_episode_with_a_turn(store_path: Path) -> tuple[str, int] | None:

@@ -1,0 +1,216 @@
+"""An engine over the Tinker SDK: a Tinker service samples and scores, clawgym renders.
+
+The chat template is applied here, with the served model's own tokenizer, so the prompt ids
+stored with each turn are the ones the service sampled from; the service returns the
+sampled ids with their log-probs (the model's raw ones, as vLLM's), and `score` asks it for
+`compute_logprobs` on the base model (the adapter off: the self-judge's teacher) or on the
+policy. Publishing a version (`load_adapter`) switches the policy to a sampling client on
+the checkpoint the Tinker learner saved for it (`trainers.tinker_learner`): the adapter
+directory it writes holds the checkpoint's `tinker://` path (`TINKER_POINTER`).
+
+Tokens come back when the service has sampled the whole reply: `stream` yields them as one
+chunk before the completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from agents.engines.base import (
+    BASE,
+    POLICY,
+    Completion,
+    ContextExceeded,
+    Message,
+    SamplingParams,
+    TokenChunk,
+    ToolSchema,
+)
+from agents.toolcalls import assistant_message
+
+logger = logging.getLogger(__name__)
+
+TINKER_POINTER = "tinker.json"
+"""The file of an adapter directory that names its Tinker checkpoint: {"model_path": ...}."""
+
+
+class TinkerEngine:
+    """Samples and scores through a Tinker service.
+
+    Args:
+        service: a `tinker.ServiceClient`.
+        base_model: the service's name of the base model.
+        tokenizer: the base model's tokenizer (its chat template renders the prompts).
+        context_length: the longest prompt plus completion the service takes.
+    """
+
+    def __init__(self, service: Any, base_model: str, tokenizer: Any, context_length: int):
+        self.service, self.tokenizer, self.context_length = service, tokenizer, context_length
+        self._base = service.create_sampling_client(base_model=base_model).result()
+        self._policy: tuple[Any, int] = (self._base, 0)
+        """The policy's sampling client and its version, swapped as one."""
+        self._lock = threading.Lock()
+        self._eos = _eos_ids(tokenizer)
+
+    @property
+    def policy_version(self) -> int:
+        return self._policy[1]
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Completion:
+        from tinker import types
+
+        sampling = sampling or SamplingParams()
+        client, version = self._client(adapter)
+        prompt_ids = self.encode(messages, tools)
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise ContextExceeded(
+                f"the prompt has {len(prompt_ids)} tokens; the model's context is "
+                f"{self.context_length}: shorten the conversation"
+            )
+        params = types.SamplingParams(
+            max_tokens=min(sampling.max_tokens, room),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            # Tinker stops on EOS only when told (clawgym's server) or by default: tell it
+            stop=list(sampling.stop) if sampling.stop else sorted(self._eos),
+        )
+        reply = client.sample(types.ModelInput.from_ints(prompt_ids), 1, params).result()
+        sequence = reply.sequences[0]
+        ids, logprobs = list(sequence.tokens), [float(x) for x in sequence.logprobs or ()]
+        if len(logprobs) != len(ids):
+            raise RuntimeError("the Tinker service returned no log-prob for some sampled tokens")
+        # a service that did not stop at EOS: what follows it is no part of the reply
+        end = next((i + 1 for i, token in enumerate(ids) if token in self._eos), len(ids))
+        return self._completion(prompt_ids, ids[:end], logprobs[:end], sampling, version, tools)
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Iterator[TokenChunk | Completion]:
+        completion = self.generate(messages, tools, sampling, adapter)
+        return iter(_chunks(completion))
+
+    async def agenerate(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Completion:
+        return await asyncio.to_thread(self.generate, messages, tools, sampling, adapter)
+
+    async def astream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> AsyncGenerator[TokenChunk | Completion, None]:
+        completion = await self.agenerate(messages, tools, sampling, adapter)
+        for item in _chunks(completion):
+            yield item
+
+    def encode(
+        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
+    ) -> list[int]:
+        """Prompt token ids of a conversation, ending with the assistant's generation prompt."""
+        rendered = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )
+        return list(rendered["input_ids"])
+
+    def score(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+    ) -> list[float]:
+        from tinker import types
+
+        client, _ = self._client(adapter)
+        ids = [*prompt_ids, *completion_ids]
+        scored = client.compute_logprobs(types.ModelInput.from_ints(ids)).result()
+        return [float(x) for x in scored[len(prompt_ids) :]]
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Serves the Tinker checkpoint that the adapter directory `path` names: requests
+        already sampling keep their client, later ones get this one."""
+        model_path = json.loads((Path(path) / TINKER_POINTER).read_text())["model_path"]
+        client = self.service.create_sampling_client(model_path=model_path).result()
+        with self._lock:
+            self._policy = (client, version)
+        logger.info("serving %s as policy version %d", model_path, version)
+
+    def prepare_adapter(self, path: str) -> None:
+        """Nothing to prepare: each checkpoint is a sampling client of its own."""
+
+    def close(self) -> None:
+        """Nothing held here: the service owns the samplers."""
+
+    def _client(self, adapter: str | None) -> tuple[Any, int]:
+        if adapter not in (BASE, POLICY):
+            raise ValueError(
+                f"unknown adapter {adapter!r}; the Tinker engine serves {POLICY!r} or None"
+            )
+        return self._policy if adapter == POLICY else (self._base, 0)
+
+    def _completion(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        logprobs: list[float],
+        sampling: SamplingParams,
+        version: int,
+        tools: Sequence[ToolSchema] | None,
+    ) -> Completion:
+        """As the embedded engine builds it: the stop string and EOS cut from the message,
+        tool calls parsed only when the request offered tools."""
+        text = self.tokenizer.decode(completion_ids, skip_special_tokens=False)
+        ended_by_eos = bool(completion_ids) and completion_ids[-1] in self._eos
+        body = self.tokenizer.decode(completion_ids[:-1] if ended_by_eos else completion_ids)
+        stops = [body.index(s) for s in sampling.stop if s in body]
+        if stops:
+            body = body[: min(stops)]
+        message = assistant_message(body, tools)
+        finished = ended_by_eos or bool(stops)
+        reason = "tool_calls" if message.get("tool_calls") else ("stop" if finished else "length")
+        return Completion(
+            message=message,
+            prompt_token_ids=tuple(prompt_ids),
+            completion_token_ids=tuple(completion_ids),
+            completion_logprobs=tuple(logprobs),
+            finish_reason=reason,
+            policy_version=version,
+            text=text,
+            usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
+        )
+
+
+def _chunks(completion: Completion) -> list[TokenChunk | Completion]:
+    """A completion as a stream: its tokens as one chunk, then itself."""
+    body = completion.message.get("content") or ""
+    chunk = TokenChunk(completion.completion_token_ids, completion.completion_logprobs, body)
+    return [chunk, completion]
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
