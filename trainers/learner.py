@@ -20,7 +20,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -391,39 +391,28 @@ class Learner:
     def save_checkpoint(self, cursor: dict[str, Any]) -> Path:
         """Adapter, optimiser, step, version, RNG states and the caller's cursor, atomically:
         a crash mid-write leaves the previous checkpoint intact."""
-        root = self.run_dir / "checkpoints"
-        staging, latest, previous = root / "staging", root / "latest", root / "previous"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        self.model.save_pretrained(staging / "adapter")
-        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(
-            {"torch": torch.get_rng_state(), "python": random.getstate()}, staging / "rng.pt"
-        )
-        state = {
-            "step": self.step_count,
-            "version": self.version,
-            "trained_seqs": list(self.trained_seqs),
-            "ledger": self.ledger,
-        }
-        (staging / "state.json").write_text(json.dumps(state | {"cursor": cursor}))
-        _fsync_tree(staging)
-        shutil.rmtree(previous, ignore_errors=True)
-        if latest.exists():
-            latest.rename(previous)
-        staging.rename(latest)
-        shutil.rmtree(previous, ignore_errors=True)
-        return latest
+
+        def write(staging: Path) -> dict[str, Any]:
+            self.model.save_pretrained(staging / "adapter")
+            torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            torch.save(rng, staging / "rng.pt")
+            return {
+                "step": self.step_count,
+                "version": self.version,
+                "trained_seqs": list(self.trained_seqs),
+                "ledger": self.ledger,
+                "cursor": cursor,
+            }
+
+        return commit_checkpoint(self.run_dir, write)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """Restores the newest complete checkpoint; returns its state (None if there is none)."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        root = self.run_dir / "checkpoints"
-        found = next(
-            (d for d in (root / "latest", root / "previous") if (d / "state.json").exists()), None
-        )
+        found = newest_checkpoint(self.run_dir)
         if found is None:
             return None
         set_peft_model_state_dict(
@@ -471,6 +460,33 @@ def resolve_adapter(path: str | Path) -> Path:
 
 def _pad(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
+
+
+def commit_checkpoint(run_dir: Path, write: Callable[[Path], dict[str, Any]]) -> Path:
+    """A checkpoint of a learner in `run_dir/checkpoints/latest`, atomically: `write` fills
+    a staging folder and returns the state saved beside it as state.json; the folder is
+    fsync'd, then takes the place of the previous one, so a crash at any point leaves one
+    complete checkpoint (`newest_checkpoint` finds it)."""
+    root = run_dir / "checkpoints"
+    staging, latest, previous = root / "staging", root / "latest", root / "previous"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    state = write(staging)
+    (staging / "state.json").write_text(json.dumps(state))
+    _fsync_tree(staging)
+    shutil.rmtree(previous, ignore_errors=True)
+    if latest.exists():
+        latest.rename(previous)
+    staging.rename(latest)
+    shutil.rmtree(previous, ignore_errors=True)
+    return latest
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The folder of the newest complete checkpoint in `run_dir` (None: there is none)."""
+    root = run_dir / "checkpoints"
+    complete = (d for d in (root / "latest", root / "previous") if (d / "state.json").exists())
+    return next(complete, None)
 
 
 def _fsync_tree(root: Path) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import numpy as np
 from agents import models
 from agents.engines.tinker import TINKER_POINTER, TinkerEngine
 from trainers.config import RunConfig, TrainerConfig
-from trainers.learner import StepMetrics, TrainSample
+from trainers.learner import StepMetrics, TrainSample, commit_checkpoint, newest_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +160,6 @@ class TinkerLearner:
         """The training state (weights and optimiser) on the service, and its path with the
         step, version, ledger and the caller's cursor here, atomically."""
         saved = self.training.save_state(name=f"step-{self.step_count}").result()
-        root = self.run_dir / "checkpoints"
-        staging, latest, previous = root / "staging", root / "latest", root / "previous"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
         state = {
             "step": self.step_count,
             "version": self.version,
@@ -173,28 +168,14 @@ class TinkerLearner:
             "tinker_state": saved.path,
             "cursor": cursor,
         }
-        (staging / "state.json").write_text(json.dumps(state))
-        shutil.rmtree(previous, ignore_errors=True)
-        if latest.exists():
-            latest.rename(previous)
-        staging.rename(latest)
-        shutil.rmtree(previous, ignore_errors=True)
-        return latest
+        return commit_checkpoint(self.run_dir, lambda staging: state)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """Opens a training client on the newest checkpoint's state (None if there is none)."""
-        root = self.run_dir / "checkpoints"
-        found = next(
-            (
-                d / "state.json"
-                for d in (root / "latest", root / "previous")
-                if (d / "state.json").exists()
-            ),
-            None,
-        )
+        found = newest_checkpoint(self.run_dir)
         if found is None:
             return None
-        state: dict[str, Any] = json.loads(found.read_text())
+        state: dict[str, Any] = json.loads((found / "state.json").read_text())
         self.training = self.service.create_training_client_from_state_with_optimizer(
             state["tinker_state"]
         ).result()
