@@ -388,6 +388,10 @@ def validate_backend(config: RunConfig) -> None:
         )
     if config.trainer.init_adapter:
         raise ValueError("backend=tinker starts from the base model: drop trainer.init_adapter")
+    if config.trainer.kl_weight:
+        raise ValueError(
+            "backend=tinker's loss has no KL term to the base model: set trainer.kl_weight=0"
+        )
     if config.cluster.replicas:
         raise ValueError("backend=tinker samples on the Tinker service: drop cluster.replicas")
     if backend.context_length is not None and backend.context_length < 2:

@@ -3,10 +3,13 @@
 It stands in for `trainers.learner.Learner` in the training loop (the same `step`,
 `save_adapter`, `save_checkpoint`, `load_checkpoint`, `version`, `step_count`,
 `trained_seqs`), and does each step through a Tinker training client: one
-`forward_backward` with Tinker's `importance_sampling` loss on the stored rollout
-log-probs and the method's per-token advantages, then `optim_step` (AdamW at `trainer.lr`,
-clipped at `trainer.grad_clip`; Tinker's ratio is not clipped: `trainer.clip_*` and
-`importance_cap` are the local learner's). Tinker's losses are sums over tokens, so each
+`forward_backward` with Tinker's `ppo` loss on the stored rollout log-probs and the method's
+per-token advantages, the ratio to the rollout kept in [1 - trainer.clip_low,
+1 + trainer.clip_high] (`ppo_config`), then `optim_step` (AdamW at `trainer.lr`, clipped at
+`trainer.grad_clip`). The local learner's ratio is to the weights at the step's start, with
+turns from older adapters weighted by the truncated importance ratio (`importance_cap`);
+over Tinker, one call per step has no such forward, so a stale turn's ratio is clipped
+against its own rollout instead, as in PPO proper. Tinker's losses are sums over tokens, so each
 advantage is divided by the step's completion tokens: the gradient is that of the mean
 over tokens, as the local learner's. Prompt positions carry advantage 0.
 
@@ -60,6 +63,14 @@ def datum(sample: TrainSample, tokens_in_step: int) -> Any:
     )
 
 
+def ppo_config(config: TrainerConfig) -> dict[str, float]:
+    """Tinker's `ppo` loss_fn_config for the trainer's clip range."""
+    return {
+        "clip_low_threshold": 1.0 - config.clip_low,
+        "clip_high_threshold": 1.0 + config.clip_high,
+    }
+
+
 class TinkerLearner:
     """LoRA training on a Tinker service.
 
@@ -107,7 +118,8 @@ class TinkerLearner:
         started = time.monotonic()
         total = sum(len(s.completion_ids) for s in samples)
         data = [datum(s, max(total, 1)) for s in samples]
-        output = self.training.forward_backward(data, "importance_sampling").result()
+        clip = ppo_config(self.config)
+        output = self.training.forward_backward(data, "ppo", loss_fn_config=clip).result()
         adam = types.AdamParams(  # the local learner's AdamW (torch's defaults)
             learning_rate=self.config.lr if lr is None else lr,
             beta1=0.9,
@@ -122,11 +134,19 @@ class TinkerLearner:
         self.trained_seqs = tuple(s.seq for s in samples)
         self.ledger.append(list(self.trained_seqs))
         gap, gap_max, gap_tokens = 0.0, 0.0, 0
+        clipped, completion_tokens = 0, 0
         for sample, out in zip(samples, output.loss_fn_outputs, strict=True):
-            if sample.policy_version != self.version - 1 or not sample.completion_ids:
+            if not sample.completion_ids:
+                continue
+            learner = np.asarray(out["logprobs"].tolist()[-len(sample.completion_ids) :])
+            rollout = np.asarray(sample.rollout_logprobs)
+            ratio = np.exp(learner - rollout)
+            low, high = clip["clip_low_threshold"], clip["clip_high_threshold"]
+            clipped += int(((ratio < low) | (ratio > high)).sum())
+            completion_tokens += len(ratio)
+            if sample.policy_version != self.version - 1:
                 continue  # only turns the trained adapter sampled say how far it drifted
-            learner = out["logprobs"].tolist()[-len(sample.completion_ids) :]
-            gaps = np.abs(np.asarray(learner) - np.asarray(sample.rollout_logprobs))
+            gaps = np.abs(learner - rollout)
             gap, gap_max = gap + float(gaps.sum()), max(gap_max, float(gaps.max()))
             gap_tokens += len(gaps)
         advantages = [a for s in samples for a in s.advantages]
@@ -137,7 +157,7 @@ class TinkerLearner:
             tokens=total,
             loss=float(output.metrics.get("loss:sum", 0.0)),
             kl=0.0,
-            clip_fraction=0.0,
+            clip_fraction=clipped / max(completion_tokens, 1),
             mean_advantage=sum(advantages) / max(len(advantages), 1),
             logprob_gap=gap / max(gap_tokens, 1),
             logprob_gap_max=gap_max,

@@ -1,16 +1,15 @@
 """The real `tinker` SDK against clawgym's Tinker server on the tiny model, over loopback."""
 
-import socket
-import threading
-import time
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tinker
-import uvicorn
 from tinker import types
 
-from trainers.tinker.app import build_app
+from trainers.tinker.app import build_app, in_thread
 from trainers.tinker.engine import TinkerEngine
 
 PROMPT = [1, 5, 9, 200, 31, 7]
@@ -27,26 +26,10 @@ def _inputs(**values: list) -> dict[str, types.TensorData]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory):
-    app = build_app(TinkerEngine("tiny", tmp_path_factory.mktemp("tinker-run")))
-    config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{config.port}"
-    server.should_exit = True
-    app.state.futures.close()
-    thread.join(timeout=10)
+    with in_thread(TinkerEngine("tiny", tmp_path_factory.mktemp("tinker-run"))) as url:
+        yield url
 
 
 @pytest.fixture
@@ -130,7 +113,7 @@ def test_saved_state_resumes_in_a_new_training_client(service):
     assert scored[len(PROMPT) :] == pytest.approx(mine.tolist()[-len(COMPLETION) :], abs=1e-4)
 
 
-def test_cross_entropy_and_ppo_losses(service):
+def test_cross_entropy_ppo_cispo_and_dro_losses(service):
     trainer = service.create_lora_training_client(base_model="tiny", rank=4).result()
     tokens = PROMPT + COMPLETION
     datum = types.Datum(
@@ -160,6 +143,13 @@ def test_cross_entropy_and_ppo_losses(service):
     )
     ppo = trainer.forward_backward([stale], "ppo").result()
     assert ppo.metrics["loss:sum"] == pytest.approx(-1.2 * len(logprobs), rel=1e-4)
+    # CISPO: the ratio e^5 clipped to its default 4, a coefficient on logp
+    cispo = trainer.forward_backward([stale], "cispo").result()
+    assert cispo.metrics["loss:sum"] == pytest.approx(-4.0 * sum(logprobs), rel=1e-4)
+    # DRO: logp * A less beta / 2 * 5^2 a token
+    dro = trainer.forward_backward([stale], "dro", {"beta": 0.1}).result()
+    penalty = 0.5 * 0.1 * 25.0 * len(logprobs)
+    assert dro.metrics["loss:sum"] == pytest.approx(-sum(logprobs) + penalty, rel=1e-4)
 
 
 def test_bad_input_fails_its_future_and_the_server_stays_up(service):
@@ -178,14 +168,49 @@ def test_bad_input_fails_its_future_and_the_server_stays_up(service):
     )
     with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs"):
         trainer.forward_backward([ok], "ppo").result()
-    with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'cispo'"):
-        trainer.forward_backward([ok], "cispo").result()
+    with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'reinforce'"):
+        trainer.forward_backward([ok], "reinforce").result()
+    with pytest.raises(tinker.RequestFailedError, match="takes no loss_fn_config 'clip'"):
+        trainer.forward_backward([ok], "cross_entropy", {"clip": 1.0}).result()
     other = service.create_lora_training_client(base_model="tiny", rank=2).result()
     saved = other.save_state("rank-two").result().path
     # load_state is deprecated in the SDK but still served
     with pytest.warns(FutureWarning), pytest.raises(tinker.RequestFailedError, match="differs"):
         trainer.load_state(saved).result()
     assert trainer.forward_backward([ok], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_rest_client_lists_runs_and_checkpoints_and_deletes_one(service, base_url):
+    trainer = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    state = trainer.save_state("first").result().path
+    for_sampling = trainer.save_weights_for_sampler("for-sampling").result().path
+    rest = tinker.RestClient(base_url=base_url, api_key="tml-loopback")
+    run = rest.get_training_run(trainer.model_id).result()
+    assert (run.training_run_id, run.base_model, run.lora_rank) == (trainer.model_id, "tiny", 4)
+    assert run.last_checkpoint.tinker_path == state
+    assert run.last_sampler_checkpoint.tinker_path == for_sampling
+    listed = rest.list_checkpoints(trainer.model_id).result().checkpoints
+    assert {(c.tinker_path, c.checkpoint_type) for c in listed} == {
+        (state, "training"),
+        (for_sampling, "sampler"),
+    }
+    assert all(c.size_bytes > 0 for c in listed)
+    runs = rest.list_training_runs(limit=100).result()
+    assert trainer.model_id in [r.training_run_id for r in runs.training_runs]
+    assert runs.cursor.total_count == len(runs.training_runs)
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    shape = (info.base_model, info.lora_rank, info.train_mlp, info.is_lora)
+    assert shape == ("tiny", 4, True, True)
+
+    rest.delete_checkpoint_from_tinker_path(for_sampling).result()
+    listed = rest.list_checkpoints(trainer.model_id).result().checkpoints
+    assert [c.tinker_path for c in listed] == [state]
+    with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
+        service.create_sampling_client(model_path=for_sampling).result()
+    with pytest.raises(tinker.NotFoundError, match="no training run"):
+        rest.get_training_run("nobody:train:0").result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        rest.delete_checkpoint(trainer.model_id, "weights/never-saved").result()
 
 
 def test_unknown_checkpoint_is_a_bad_request(service):
@@ -217,10 +242,9 @@ def test_malformed_protobuf_fails_its_future_as_a_user_error(tmp_path):
     assert client.get("/api/v1/healthz").json() == {"status": "ok"}
 
 
-def test_the_server_refuses_a_bind_beyond_loopback_without_a_key(monkeypatch, capsys):
-    from trainers.tinker.__main__ import main
-
-    monkeypatch.delenv("CLAWGYM_TINKER_API_KEY", raising=False)
-    with pytest.raises(SystemExit) as exited:
-        main(["--host", "0.0.0.0"])
-    assert exited.value.code == 2 and "set --api-key" in capsys.readouterr().err
+def test_the_server_refuses_a_bind_beyond_loopback_without_a_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CLAWGYM_TINKER_API_KEY"}
+    command = [sys.executable, "-m", "trainers.tinker", "tinker.host=0.0.0.0", "model=tiny"]
+    refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode != 0
+    assert "tinker.host=0.0.0.0 is not loopback: set tinker.api_key" in refused.stderr

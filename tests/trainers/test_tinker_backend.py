@@ -17,9 +17,16 @@ from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import TurnStatus
 from tests.trainers.test_run import TEST_DEFAULTS, TINY, TINY_CHAT
-from trainers.config import BackendConfig, MethodConfig, RunConfig, SFTConfig, validate
+from trainers.config import (
+    BackendConfig,
+    MethodConfig,
+    RunConfig,
+    SFTConfig,
+    TrainerConfig,
+    validate,
+)
 from trainers.learner import TrainSample
-from trainers.tinker_learner import datum
+from trainers.tinker_learner import datum, ppo_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = "tml-loopback"
@@ -36,8 +43,8 @@ def tinker_server(tmp_path):
     """clawgym's Tinker server on the tiny model, as `python -m trainers.tinker` starts it."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "trainers.tinker", "--port", str(port), "--model", "tiny"]
-        + ["--run-dir", str(tmp_path / "tinker")],
+        [sys.executable, "-m", "trainers.tinker", f"tinker.port={port}", "model=tiny"]
+        + [f"tinker.run_dir={tmp_path / 'tinker'}"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -102,9 +109,9 @@ def test_combine_trains_two_steps_through_the_tinker_server(tmp_path, tinker_ser
     steps = [r for r in rows if "env" not in r]
     assert [r["step"] for r in steps] == [1, 2]
     # step 1 trains the adapter that sampled its turns (version 0): the service's forward
-    # pass recomputes their stored log-probs, so the importance ratio is 1 and Tinker's
-    # summed loss, divided out by the step's tokens, is minus the mean advantage
-    assert steps[0]["logprob_gap"] < 1e-3
+    # pass recomputes their stored log-probs, so the ratio is 1 (inside PPO's clip range)
+    # and Tinker's summed loss, divided out by the step's tokens, is minus the mean advantage
+    assert steps[0]["logprob_gap"] < 1e-3 and steps[0]["clip_fraction"] == 0.0
     assert steps[0]["loss"] == pytest.approx(-steps[0]["mean_advantage"], abs=1e-3)
 
 
@@ -132,6 +139,13 @@ def test_datum_shifts_tokens_and_scales_advantages_by_the_steps_tokens():
     assert inputs["advantages"] == [0.0, 0.0, 0.25, -0.5]
 
 
+def test_ppo_config_is_the_trainers_clip_range():
+    config = TrainerConfig(clip_low=0.2, clip_high=0.28)
+    assert ppo_config(config) == pytest.approx(
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28}
+    )
+
+
 def test_tinker_backend_without_a_key_says_how_to_set_it(monkeypatch):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     config = RunConfig(
@@ -148,3 +162,5 @@ def test_tinker_backend_without_a_key_says_how_to_set_it(monkeypatch):
         validate(
             dataclasses.replace(config, sft=dataclasses.replace(config.sft, warm_start_steps=2))
         )
+    with pytest.raises(ValueError, match="trainer.kl_weight=0"):
+        validate(dataclasses.replace(config, trainer=TrainerConfig(kl_weight=0.1)))

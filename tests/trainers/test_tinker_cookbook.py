@@ -10,9 +10,6 @@ that writes tiny's ChatML template.
 import asyncio
 import json
 import math
-import socket
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +17,11 @@ from pathlib import Path
 import chz
 import pytest
 import tinker
-import uvicorn
 from safetensors.torch import load_file
 
 from agents import models
 from trainers.tinker import checkpoints
-from trainers.tinker.app import build_app
+from trainers.tinker.app import in_thread
 from trainers.tinker.engine import TinkerEngine
 from trainers.tinker.errors import UserError
 
@@ -52,28 +48,12 @@ CONVERSATIONS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The server as `python -m trainers.tinker --model tiny` runs it: (base_url, run_dir)."""
+    """The server as `python -m trainers.tinker model=tiny` runs it: (base_url, run_dir)."""
     run_dir = tmp_path_factory.mktemp("tinker-run")
-    app = build_app(TinkerEngine("tiny", run_dir), api_key="tml-cookbook")
-    config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning")
-    uvi = uvicorn.Server(config)
-    thread = threading.Thread(target=uvi.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uvi.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{config.port}", run_dir
-    uvi.should_exit = True
-    app.state.futures.close()
-    thread.join(timeout=10)
+    with in_thread(TinkerEngine("tiny", run_dir), api_key="tml-cookbook") as url:
+        yield url, run_dir
 
 
 @pytest.fixture

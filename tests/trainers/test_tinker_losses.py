@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.tinker.engine import _check_datum, tinker_loss
+from trainers.tinker.engine import _check_datum, _check_loss_config, tinker_loss
 from trainers.tinker.errors import UserError
 from trainers.tinker.wire import Datum
 
@@ -33,6 +33,41 @@ def test_ppo_clips_the_ratio():
     assert tinker_loss("ppo", LOGPROBS, inputs, {}).tolist() == pytest.approx([-1.2, 1.6])
     wide = {"clip_low_threshold": 0.1, "clip_high_threshold": 3.0}
     assert tinker_loss("ppo", LOGPROBS, inputs, wide).tolist() == pytest.approx([-2.0, 1.0])
+
+
+def test_cispo_weights_the_logprob_by_the_clipped_ratio_held_constant():
+    logprobs = LOGPROBS.clone().requires_grad_()
+    inputs = {"logprobs": SAMPLED, "advantages": ADVANTAGES}
+    # default clip [0, 4] keeps ratios 2 and 0.5: -2 * ln(1/2) * 1, -0.5 * ln(1/4) * -2
+    loss = tinker_loss("cispo", logprobs, inputs, {})
+    assert loss.tolist() == pytest.approx([2 * math.log(2), -2 * math.log(2)])
+    loss.sum().backward()
+    assert logprobs.grad.tolist() == pytest.approx([-2.0, 1.0])  # -clip(ratio) * A, no more
+    narrow = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    assert tinker_loss("cispo", LOGPROBS, inputs, narrow).tolist() == pytest.approx(
+        [1.2 * math.log(2), -3.2 * math.log(2)]
+    )
+
+
+def test_dro_is_the_advantage_weighted_logprob_less_a_quadratic_penalty():
+    inputs = {"logprobs": SAMPLED, "advantages": ADVANTAGES}
+    penalty = 0.5 * 0.05 * math.log(2) ** 2  # log-ratios +-ln 2, beta 0.05 by default
+    assert tinker_loss("dro", LOGPROBS, inputs, {}).tolist() == pytest.approx(
+        [math.log(2) + penalty, -4 * math.log(2) + penalty]
+    )
+    strong = tinker_loss("dro", LOGPROBS, inputs, {"beta": 1.0}).tolist()
+    assert strong == pytest.approx([math.log(2) + penalty * 20, -4 * math.log(2) + penalty * 20])
+
+
+def test_loss_config_takes_only_the_loss_own_numbers():
+    _check_loss_config("ppo", {"clip_low_threshold": 0.5})
+    _check_loss_config("importance_sampling", None)
+    with pytest.raises(UserError, match="takes no loss_fn_config 'clip_hi'"):
+        _check_loss_config("cispo", {"clip_hi": 2.0})
+    with pytest.raises(UserError, match="must be a number"):
+        _check_loss_config("dro", {"beta": "0.1"})
+    with pytest.raises(UserError, match="importance_sampling takes no"):
+        _check_loss_config("importance_sampling", {"beta": 0.1})
 
 
 def test_summed_losses_of_two_chunks_give_one_batch_gradient():

@@ -1,5 +1,5 @@
 """clawgym as a self-hosted Tinker server: the REST API the `tinker` SDK speaks, served on
-clawgym's own CPU learner (peft LoRA) and a sampler on the same weights.
+clawgym's own learner (peft LoRA), sampling in its process or through vLLM (`engine=vllm`).
 
-    python -m trainers.tinker --port 8020 --model tiny
+    python -m trainers.tinker model=tiny tinker.port=8020
 """

@@ -11,10 +11,14 @@ sample's go back as protobuf (the SDK accepts no JSON for those two); the rest i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import Callable
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -22,8 +26,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from trainers.tinker import checkpoints
 from trainers.tinker.engine import SamplingParams, TinkerEngine
-from trainers.tinker.errors import UserError
+from trainers.tinker.errors import NotFound, UserError
 from trainers.tinker.wire import decode_forward_backward, encode_forward_backward, encode_sample
 
 logger = logging.getLogger(__name__)
@@ -74,6 +79,11 @@ class Futures:
             return Response(result, media_type="application/x-protobuf")
         return JSONResponse(result)
 
+    async def run(self, call: Callable[[], Any]) -> Any:
+        """`call` on the worker thread, in order with the queued calls, awaited here (for
+        the REST routes, which answer at once rather than with a future)."""
+        return await asyncio.wrap_future(self._pool.submit(call))
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -96,10 +106,44 @@ def build_app(engine: TinkerEngine, api_key: str | None = None) -> FastAPI:
         """Input refused before a future exists: the SDK raises BadRequestError."""
         return JSONResponse({"detail": str(error)}, status_code=400)
 
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, error: NotFound) -> Response:
+        return JSONResponse({"detail": str(error)}, status_code=404)
+
     _service_routes(app, engine, futures)
     _training_routes(app, engine, futures)
     _sampling_routes(app, engine, futures)
+    _rest_routes(app, engine, futures)
     return app
+
+
+@contextlib.contextmanager
+def in_thread(
+    engine: TinkerEngine, api_key: str | None = None, host: str = "127.0.0.1", port: int = 0
+) -> Iterator[str]:
+    """Serves the Tinker API on `engine` from a thread of this process until the block ends
+    (tests, notebooks, a trainer beside its own server); port 0 takes a free one. Yields the
+    base URL clients take as TINKER_BASE_URL."""
+    import uvicorn
+
+    app = build_app(engine, api_key)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the Tinker server did not start")
+            time.sleep(0.01)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        app.state.futures.close()
+        thread.join(timeout=30)
+        sock.close()
 
 
 def _service_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
@@ -267,6 +311,38 @@ def _sampling_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
         request_id = futures.submit(run)
         ids = [f"{request_id}-{i}" for i in range(count)]
         return _future(request_id) | {"sample_sequence_ids": ids}
+
+
+def _rest_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
+    """The RestClient's training runs and checkpoints, read from the run directory (so a
+    restarted server lists its earlier runs too)."""
+    run_dir = engine.run_dir
+
+    @app.get("/api/v1/training_runs")
+    async def list_training_runs(limit: int = 20, offset: int = 0) -> dict:
+        if limit < 1 or offset < 0:
+            raise UserError(f"limit must be positive and offset not negative: {limit}, {offset}")
+        runs = await futures.run(partial(checkpoints.training_runs, run_dir))
+        cursor = {"offset": offset, "limit": limit, "total_count": len(runs)}
+        return {"training_runs": runs[offset : offset + limit], "cursor": cursor}
+
+    @app.get("/api/v1/training_runs/{model_id}")
+    async def get_training_run(model_id: str) -> dict:
+        return await futures.run(partial(checkpoints.training_run, run_dir, model_id))
+
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def list_checkpoints(model_id: str) -> dict:
+        listed = await futures.run(partial(checkpoints.checkpoint_list, run_dir, model_id))
+        return {"checkpoints": listed}
+
+    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(model_id: str, checkpoint_id: str) -> None:
+        await futures.run(partial(engine.delete_checkpoint, model_id, checkpoint_id))
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request) -> dict:
+        path = str((await _json(request)).get("tinker_path"))
+        return await futures.run(partial(checkpoints.weights_info, run_dir, path))
 
 
 async def _constant(answer: dict) -> dict:

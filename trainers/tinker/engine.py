@@ -8,9 +8,9 @@ SDK splits a forward_backward into add up to the gradient of the whole call.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,47 +22,58 @@ from trainers.config import TrainerConfig
 from trainers.learner import Learner
 from trainers.tinker import checkpoints
 from trainers.tinker.errors import UserError
-from trainers.tinker.sampling import (
-    SamplingParams,
-    batch_target_logprobs,
-    generate,
-    target_logprobs,
-)
+from trainers.tinker.samplers import Sampler, TorchSampler
+from trainers.tinker.sampling import SamplingParams, batch_target_logprobs
 from trainers.tinker.wire import Datum, Sampled
 
 logger = logging.getLogger(__name__)
 
-LOSSES = ("cross_entropy", "importance_sampling", "ppo")
-"""The loss_fn values served."""
+LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+"""The loss_fn values served (the SDK's forward_backward_custom runs on the client, over
+`forward` and a linearised cross_entropy, so it needs nothing more here)."""
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
-_LOSS_INPUTS = {
-    "cross_entropy": ("target_tokens",),
-    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
-    "ppo": ("target_tokens", "logprobs", "advantages"),
+_POLICY_GRADIENT_INPUTS = ("target_tokens", "logprobs", "advantages")
+_LOSS_INPUTS = {"cross_entropy": ("target_tokens",)} | {
+    name: _POLICY_GRADIENT_INPUTS for name in LOSSES if name != "cross_entropy"
 }
+_CLIPS = {"ppo": (0.8, 1.2), "cispo": (0.0, 4.0)}
+"""Each clipped loss's default (clip_low_threshold, clip_high_threshold), as Tinker's."""
+DRO_BETA = 0.05
+"""Tinker's default weight of DRO's quadratic penalty."""
 
 
 def tinker_loss(
     loss_fn: str, logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict
 ) -> torch.Tensor:
-    """Per-token loss of one datum (summed by the caller), as Tinker defines it.
+    """Per-token loss of one datum (summed by the caller), as Tinker defines it, with
+    ratio = exp(logp - sampling logp) and A the advantage.
 
-    cross_entropy: -weights * logp. importance_sampling: -ratio * advantage with
-    ratio = exp(logp - sampling logp). ppo: the clipped surrogate, the ratio kept in
-    [clip_low_threshold, clip_high_threshold] (default 0.8, 1.2).
+    cross_entropy: -weights * logp. importance_sampling: -ratio * A. ppo: the clipped
+    surrogate -min(ratio * A, clip(ratio) * A). cispo: -sg(clip(ratio)) * logp * A, the
+    clipped ratio a constant coefficient. dro: -(logp * A - beta / 2 * (logp - sampling
+    logp)^2). The clip range is [clip_low_threshold, clip_high_threshold] (ppo 0.8-1.2,
+    cispo 0-4 by default), beta 0.05 by default.
     """
     if loss_fn == "cross_entropy":
         return -inputs.get("weights", torch.ones_like(logprobs)) * logprobs
-    ratio = torch.exp(logprobs - inputs["logprobs"])
-    advantages = inputs["advantages"]
+    advantages, sampled = inputs["advantages"], inputs["logprobs"]
+    if loss_fn == "dro":
+        beta = float(config.get("beta", DRO_BETA))
+        return -(logprobs * advantages - 0.5 * beta * (logprobs - sampled) ** 2)
+    ratio = torch.exp(logprobs - sampled)
     if loss_fn == "importance_sampling":
         return -ratio * advantages
-    low = float(config.get("clip_low_threshold", 0.8))
-    high = float(config.get("clip_high_threshold", 1.2))
-    return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
+    default_low, default_high = _CLIPS[loss_fn]
+    clipped = ratio.clamp(
+        float(config.get("clip_low_threshold", default_low)),
+        float(config.get("clip_high_threshold", default_high)),
+    )
+    if loss_fn == "cispo":
+        return -clipped.detach() * logprobs * advantages
+    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 class TinkerEngine:
@@ -73,13 +84,14 @@ class TinkerEngine:
         run_dir: each training client's adapters and checkpoints go to run_dir/<model id>.
     """
 
-    def __init__(self, model_name: str, run_dir: Path):
+    def __init__(self, model_name: str, run_dir: Path, sampler: Sampler | None = None):
         self.model_name, self.run_dir = model_name, Path(run_dir)
+        self.sampler: Sampler = sampler or TorchSampler(model_name)
         self.learners: dict[str, Learner] = {}
         self.samplers: dict[str, str | None] = {}
         """Sampling session id -> the tinker:// path it samples (None: the base model)."""
-        self._models: dict[str, Any] = {}
-        self._tokenizer: Any = None
+        config = json.loads((models.resolve(model_name) / "config.json").read_text())
+        self.vocab_size = int(config["vocab_size"])
 
     def capabilities(self) -> list[dict[str, Any]]:
         return [{"model_name": self.model_name, "trainable": True, "sampleable": True}]
@@ -121,6 +133,7 @@ class TinkerEngine:
         self.learners[model_id] = Learner(
             self.model_name, config, self.run_dir / checkpoints.model_slug(model_id)
         )
+        checkpoints.write_run_record(self.run_dir, model_id, self.model_name, rank, attn, mlp)
 
     def learner(self, model_id: str) -> Learner:
         if model_id not in self.learners:
@@ -135,6 +148,7 @@ class TinkerEngine:
         learner = self.learner(model_id)
         if loss_fn not in LOSSES:
             raise UserError(f"unknown loss_fn {loss_fn!r}; this server serves {LOSSES}")
+        _check_loss_config(loss_fn, config)
         checked = [_check_datum(d, i, loss_fn, _vocab(learner.model)) for i, d in enumerate(data)]
         outputs, total = [], 0.0
         with torch.set_grad_enabled(not forward_only):
@@ -175,10 +189,9 @@ class TinkerEngine:
     def save(self, model_id: str, kind: str, name: str) -> str:
         """save_state (`weights`) or save_weights_for_sampler (`sampler_weights`); returns the
         checkpoint's tinker:// path."""
-        checkpoints.save_state(self.learner(model_id), kind, name)
-        path = checkpoints.tinker_path(model_id, kind, name)
-        self._models.pop(path, None)
-        return path
+        directory = checkpoints.save_state(self.learner(model_id), kind, name)
+        self.sampler.forget(directory)
+        return checkpoints.tinker_path(model_id, kind, name)
 
     def load(self, model_id: str, path: str, optimizer: bool) -> None:
         """load_state into an existing model, or a new model created from the checkpoint."""
@@ -188,6 +201,10 @@ class TinkerEngine:
             attn, mlp = bool(targets & set(ATTENTION)), bool(targets & set(MLP))
             self.create_model(model_id, self.model_name, rank, None, attn, mlp)
         checkpoints.load_state(self.learners[model_id], found, optimizer)
+
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
+        """Removes a saved checkpoint (`weights/NAME` or `sampler_weights/NAME`)."""
+        self.sampler.forget(checkpoints.delete(self.run_dir, model_id, checkpoint_id))
 
     def open_sampler(self, model_path: str | None, base_model: str | None) -> str:
         """A sampling session on a checkpoint (or, with no path, the base model)."""
@@ -211,47 +228,14 @@ class TinkerEngine:
         first) when asked."""
         if sampler_id not in self.samplers:
             raise UserError(f"unknown sampling session {sampler_id!r}")
-        model = self._model(self.samplers[sampler_id])
-        if not prompt or max(prompt) >= _vocab(model) or min(prompt) < 0:
+        if not prompt or max(prompt) >= self.vocab_size or min(prompt) < 0:
             raise UserError("the prompt must be a non-empty list of token ids in the vocabulary")
-        # unseeded calls draw fresh randomness, as Tinker's do: a GRPO group of samples of
-        # one prompt must differ
-        generator = torch.Generator()
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
-        with torch.no_grad():
-            scored = None
-            if prompt_logprobs:
-                lp = target_logprobs(model, torch.tensor(prompt[:-1]), torch.tensor(prompt[1:]))
-                scored = [math.nan, *lp.tolist()]
-            sequences = [
-                generate(model, prompt, params, generator, partial(self._stopped, params))
-                for _ in range(num_samples)
-            ]
-        return sequences, scored
+        path = self.samplers[sampler_id]
+        adapter = checkpoints.directory(self.run_dir, path) if path else None
+        return self.sampler.sample(adapter, prompt, num_samples, params, prompt_logprobs)
 
-    def _stopped(self, params: SamplingParams, tokens: list[int]) -> bool:
-        if not params.stop_strings:
-            return False
-        if self._tokenizer is None:
-            self._tokenizer = models.load_tokenizer(self.model_name)
-        text = self._tokenizer.decode(tokens)
-        return any(text.endswith(stop) for stop in params.stop_strings)
-
-    def _model(self, model_path: str | None) -> Any:
-        """The base model with the checkpoint's adapter, loaded once per path."""
-        key = model_path or ""
-        if key not in self._models:
-            base, _ = models.load(self.model_name)
-            if model_path:
-                from peft import PeftModel
-
-                found = checkpoints.directory(self.run_dir, model_path)
-                base = PeftModel.from_pretrained(base, found)
-            self._models[key] = base.to(dtype=torch.float32).eval()
-        return self._models[key]
+    def close(self) -> None:
+        self.sampler.close()
 
 
 def _micro_batches(rows: list[_Checked], budget: int) -> list[list[_Checked]]:
@@ -271,6 +255,23 @@ def _vocab(model: Any) -> int:
 
 _Checked = tuple[torch.Tensor, dict[str, torch.Tensor]]
 """A datum's tokens and loss inputs, checked."""
+
+
+_LOSS_CONFIG = {"ppo": ("clip_low_threshold", "clip_high_threshold"), "dro": ("beta",)}
+_LOSS_CONFIG["cispo"] = _LOSS_CONFIG["ppo"]
+
+
+def _check_loss_config(loss_fn: str, config: dict | None) -> None:
+    """Only the loss's own settings, each a number: a typo must not train on a default."""
+    allowed = _LOSS_CONFIG.get(loss_fn, ())
+    for name, value in (config or {}).items():
+        if name not in allowed:
+            raise UserError(
+                f"{loss_fn} takes no loss_fn_config {name!r}"
+                + (f"; it takes {list(allowed)}" if allowed else "")
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"loss_fn_config {name!r} must be a number, got {value!r}")
 
 
 def _check_datum(datum: Datum, index: int, loss_fn: str, vocab: int) -> _Checked:

@@ -6,3 +6,8 @@ from __future__ import annotations
 class UserError(ValueError):
     """Bad input from the client (unknown model or loss, malformed datum, wrong shapes):
     its future fails with category `user`, which the SDK raises as RequestFailedError."""
+
+
+class NotFound(UserError):
+    """A training run or checkpoint the REST routes were asked for does not exist: HTTP 404,
+    which the SDK raises as NotFoundError."""

@@ -3,45 +3,25 @@ in this process on a loopback port): token-exact completions, scores, publishing
 
 import asyncio
 import json
-import socket
-import threading
-import time
 
 import pytest
 import tinker
-import uvicorn
 
 from agents import models
 from agents.engines.base import BASE, Completion, ContextExceeded, SamplingParams
 from agents.engines.tinker import TINKER_POINTER, TinkerEngine
-from trainers.tinker.app import build_app
+from trainers.tinker.app import in_thread
 from trainers.tinker.engine import TinkerEngine as TinkerServerEngine
 
 CHAT = [{"role": "user", "content": "What is two plus two?"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    app = build_app(TinkerServerEngine("tiny", tmp_path_factory.mktemp("tinker-server")))
-    config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with pytest.MonkeyPatch.context() as patch:
+    server_engine = TinkerServerEngine("tiny", tmp_path_factory.mktemp("tinker-server"))
+    with in_thread(server_engine) as url, pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINKER_TELEMETRY", "0")
-        yield tinker.ServiceClient(base_url=f"http://127.0.0.1:{config.port}", api_key="tml-x")
-    server.should_exit = True
-    app.state.futures.close()
-    thread.join(timeout=10)
+        yield tinker.ServiceClient(base_url=url, api_key="tml-x")
 
 
 @pytest.fixture(scope="module")
