@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -59,6 +60,32 @@ class ServeRunConfig:
 
 
 @contextlib.contextmanager
+def uvicorn_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any
+) -> Iterator[int]:
+    """Serves the ASGI `app` with uvicorn from a daemon thread of this process until the
+    block ends (port 0 takes a free one); yields the port. `options` go to uvicorn.Config."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **options))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"the server on {host}:{port} did not start")
+            time.sleep(0.01)
+        yield int(sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@contextlib.contextmanager
 def in_thread(
     engine: Engine,
     store: Store,
@@ -68,34 +95,10 @@ def in_thread(
 ) -> Iterator[tuple[str, Proxy]]:
     """Serves `engine` from a thread of this process until the block ends (how the trainer
     and the tests start the proxy); port 0 takes a free one. Yields the base URL (`.../v1`)."""
-    import uvicorn
-
     proxy = Proxy(engine, store, config)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            proxy.app,
-            http=_protocol(proxy.config),
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
-            proxy_headers=False,
-        )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the proxy did not start")
-            time.sleep(0.01)
-        yield f"http://{host}:{sock.getsockname()[1]}/v1", proxy
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    options = {"http": _protocol(proxy.config), "access_log": False, "proxy_headers": False}
+    with uvicorn_in_thread(proxy.app, host, port, **options) as bound:
+        yield f"http://{host}:{bound}/v1", proxy
 
 
 def serve(config: ServeRunConfig) -> None:

@@ -15,9 +15,6 @@ import contextlib
 import itertools
 import logging
 import secrets
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -124,26 +121,14 @@ def in_thread(
     """Serves the Tinker API on `engine` from a thread of this process until the block ends
     (tests, notebooks, a trainer beside its own server); port 0 takes a free one. Yields the
     base URL clients take as TINKER_BASE_URL."""
-    import uvicorn
+    from agents.serve import uvicorn_in_thread
 
     app = build_app(engine, api_key)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
     try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the Tinker server did not start")
-            time.sleep(0.01)
-        yield f"http://{host}:{sock.getsockname()[1]}"
+        with uvicorn_in_thread(app, host, port) as bound:
+            yield f"http://{host}:{bound}"
     finally:
-        server.should_exit = True
         app.state.futures.close()
-        thread.join(timeout=30)
-        sock.close()
 
 
 def _service_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
+from agents.serve import uvicorn_in_thread
 from envs.core import ERROR_PREFIX
 from envs.registry import register_all
 from envs.toolcall.env import ToolCallEnv
@@ -56,21 +55,8 @@ class StandInUserModel:
 @contextlib.contextmanager
 def serving(model: StandInUserModel) -> Iterator[str]:
     """Serves the stand-in on a free loopback port from a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(model.app, log_level="warning", lifespan="off", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive(), "the stand-in server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with uvicorn_in_thread(model.app, access_log=False) as port:
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 def closed_port_url() -> str:
