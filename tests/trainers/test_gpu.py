@@ -1,5 +1,6 @@
 """The GPU path (marker `gpu`; skipped where torch sees no CUDA device): the learner trains
-on the GPU in bf16 with float32 adapter weights, and a run on vLLM shares the GPU with it."""
+on the GPU in bf16 with float32 adapter weights, a run on vLLM shares the GPU with it, and
+the Tinker server's training clients train there."""
 
 import pytest
 import torch
@@ -37,3 +38,25 @@ def test_a_run_on_vllm_shares_the_gpu_with_the_learner(tmp_path):
     print(
         f"log-prob gap on the GPU: mean {summary['logprob_gap']}, max {summary['logprob_gap_max']}"
     )
+
+
+def test_the_tinker_servers_training_clients_train_on_the_gpu(tmp_path):
+    import numpy as np
+
+    from trainers.tinker.engine import TinkerEngine
+    from trainers.tinker.wire import Datum
+
+    engine = TinkerEngine("tiny", tmp_path, device="cuda")
+    engine.create_model("gpu:train:0", "tiny", rank=4)
+    assert engine.learner("gpu:train:0").device.type == "cuda"
+    tokens = (1, 5, 9, 200, 31, 7, 44, 45)
+    inputs = {
+        "target_tokens": np.asarray([*tokens[1:], 46], dtype=np.int64),
+        "logprobs": np.zeros(len(tokens), dtype=np.float32),
+        "advantages": np.ones(len(tokens), dtype=np.float32),
+    }
+    data = (Datum(tokens, inputs),)
+    before, _ = engine.forward_backward("gpu:train:0", "importance_sampling", {}, data, False)
+    engine.optim_step("gpu:train:0", {"learning_rate": 1e-2})
+    after, _ = engine.forward_backward("gpu:train:0", "importance_sampling", {}, data, True)
+    assert after[0]["logprobs"].sum() > before[0]["logprobs"].sum()

@@ -248,3 +248,14 @@ def test_the_server_refuses_a_bind_beyond_loopback_without_a_key(tmp_path):
     refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode != 0
     assert "tinker.host=0.0.0.0 is not loopback: set tinker.api_key" in refused.stderr
+
+
+def test_the_server_section_takes_a_known_device_and_a_key_from_the_environment(monkeypatch):
+    from trainers.tinker.__main__ import TinkerSection, checked_section
+
+    monkeypatch.setenv("CLAWGYM_TINKER_API_KEY", "tml-env")
+    assert checked_section(TinkerSection(host="0.0.0.0")).api_key == "tml-env"
+    with pytest.raises(ValueError, match="tinker.device must be auto, cpu or cuda"):
+        checked_section(TinkerSection(device="tpu"))
+    with pytest.raises(ValueError, match="tinker.dtype"):
+        checked_section(TinkerSection(dtype="float16"))

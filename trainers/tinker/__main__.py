@@ -41,6 +41,13 @@ class TinkerSection:
     """Each training client's adapters and tinker:// checkpoints, kept across restarts."""
     api_key: str | None = None
     """The key clients must send (None: $CLAWGYM_TINKER_API_KEY, else none on loopback)."""
+    device: str = "auto"
+    """Where the training clients' learners train: auto (a GPU when torch sees one), cpu
+    or cuda. With engine=vllm on the same GPU, vLLM takes half its memory
+    (engine.gpu_memory_utilization says otherwise)."""
+    dtype: str = "auto"
+    """The learners' base weights: auto (bfloat16 on a GPU that has it, else float32),
+    float32 or bfloat16."""
 
 
 @dataclass
@@ -56,8 +63,12 @@ def checked_section(section: TinkerSection) -> TinkerSection:
     """The section with the key from the environment where none is set.
 
     Raises:
-        ValueError: a host beyond loopback without a key.
+        ValueError: a host beyond loopback without a key, or an unknown device or dtype.
     """
+    if section.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"tinker.device must be auto, cpu or cuda, got {section.device!r}")
+    if section.dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"tinker.dtype must be auto, float32 or bfloat16, got {section.dtype!r}")
     key = section.api_key or os.environ.get("CLAWGYM_TINKER_API_KEY")
     if key is None and not is_loopback(section.host):
         raise ValueError(
@@ -71,19 +82,24 @@ def serve(config: TinkerServeConfig) -> None:
     """Serves until interrupted; the vLLM server, if any, stops with it."""
     import uvicorn
 
+    from agents.compose import cuda_available
+    from trainers.learner import learner_device
     from trainers.tinker.app import build_app
     from trainers.tinker.engine import TinkerEngine
     from trainers.tinker.samplers import build_sampler
 
     section = checked_section(config.tinker)
+    device = learner_device(section.device, cuda_available())
+    sampler = build_sampler(config.engine, config.model, shares_gpu=device == "cuda")
     engine = TinkerEngine(
-        config.model.name, Path(section.run_dir), build_sampler(config.engine, config.model)
+        config.model.name, Path(section.run_dir), sampler, device=device, dtype=section.dtype
     )
     logger.info(
-        "serving Tinker on http://%s:%d (%s, sampling on %s)",
+        "serving Tinker on http://%s:%d (%s, learners on %s, sampling on %s)",
         section.host,
         section.port,
         config.model.name,
+        device,
         config.engine.backend,
     )
     try:

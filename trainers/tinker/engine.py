@@ -82,10 +82,21 @@ class TinkerEngine:
     Args:
         model_name: the base model served, as `agents.models.resolve` takes it.
         run_dir: each training client's adapters and checkpoints go to run_dir/<model id>.
+        sampler: who samples (default: `TorchSampler`, in this process).
+        device, dtype: where the training clients' learners train and in what (as
+            `trainer.device` and `trainer.dtype` take them: auto is a GPU when there is one).
     """
 
-    def __init__(self, model_name: str, run_dir: Path, sampler: Sampler | None = None):
+    def __init__(
+        self,
+        model_name: str,
+        run_dir: Path,
+        sampler: Sampler | None = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+    ):
         self.model_name, self.run_dir = model_name, Path(run_dir)
+        self.device, self.dtype = device, dtype
         self.sampler: Sampler = sampler or TorchSampler(model_name)
         self.learners: dict[str, Learner] = {}
         self.samplers: dict[str, str | None] = {}
@@ -128,7 +139,11 @@ class TinkerEngine:
         if seed is not None:
             torch.manual_seed(seed)
         config = TrainerConfig(
-            lora_rank=rank, target_modules=targets, gradient_checkpointing=False, device="cpu"
+            lora_rank=rank,
+            target_modules=targets,
+            gradient_checkpointing=False,
+            device=self.device,
+            dtype=self.dtype,
         )
         self.learners[model_id] = Learner(
             self.model_name, config, self.run_dir / checkpoints.model_slug(model_id)
@@ -151,20 +166,26 @@ class TinkerEngine:
         _check_loss_config(loss_fn, config)
         checked = [_check_datum(d, i, loss_fn, _vocab(learner.model)) for i, d in enumerate(data)]
         outputs, total = [], 0.0
+        on = learner.device
         with torch.set_grad_enabled(not forward_only):
             for batch in _micro_batches(checked, learner.config.micro_batch_tokens):
+                tokens = [t.to(on) for t, _ in batch]
+                inputs = [{n: v.to(on) for n, v in i.items()} for _, i in batch]
                 rows = batch_target_logprobs(
-                    learner.model, [t for t, _ in batch], [i["target_tokens"] for _, i in batch]
+                    learner.model, tokens, [i["target_tokens"] for i in inputs]
                 )
                 losses = [
-                    tinker_loss(loss_fn, lp, inputs, config)
-                    for lp, (_, inputs) in zip(rows, batch, strict=True)
+                    tinker_loss(loss_fn, lp, row_inputs, config)
+                    for lp, row_inputs in zip(rows, inputs, strict=True)
                 ]
                 if not forward_only:
                     torch.stack([loss.sum() for loss in losses]).sum().backward()
                 total += sum(float(loss.detach().sum()) for loss in losses)
                 outputs += [
-                    {"logprobs": lp.detach().numpy(), "elementwise_loss": loss.detach().numpy()}
+                    {
+                        "logprobs": lp.detach().float().cpu().numpy(),
+                        "elementwise_loss": loss.detach().float().cpu().numpy(),
+                    }
                     for lp, loss in zip(rows, losses, strict=True)
                 ]
         return outputs, {"loss:sum": total}

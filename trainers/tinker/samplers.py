@@ -266,10 +266,12 @@ def _logprob_of(entry: dict[str, Any] | None, token: int) -> float:
     return float(found["logprob"] if isinstance(found, dict) else found)
 
 
-def build_sampler(engine: EngineConfig, model: ModelConfig) -> Sampler:
+def build_sampler(engine: EngineConfig, model: ModelConfig, shares_gpu: bool = False) -> Sampler:
     """The sampler `engine.backend` names. vLLM on a CPU computes on half the cores (the
     last ones, `engine.threads` of them if set) and the learner's torch threads on the
-    others, as in a training run: two sets of OpenMP threads on the same cores slow both.
+    others, as in a training run: two sets of OpenMP threads on the same cores slow both;
+    on a GPU the learners train on (`shares_gpu`) it takes half the GPU's memory unless
+    `engine.gpu_memory_utilization` says otherwise.
 
     Raises:
         ValueError: engine=remote (an OpenAI endpoint samples no token-id prompts under
@@ -289,5 +291,5 @@ def build_sampler(engine: EngineConfig, model: ModelConfig) -> Sampler:
         learner_cpus, cpus = split_cpus(own_cpus(), engine.threads)
         torch.set_num_threads(len(learner_cpus))
         logger.info("cores: learner %s, vLLM %s", learner_cpus, cpus)
-    vllm = build_engine(engine, model, cpus=cpus)
+    vllm = build_engine(engine, model, shares_gpu_with_learner=shares_gpu, cpus=cpus)
     return VLLMSampler(vllm, engine.max_lora_rank)  # type: ignore[arg-type]
