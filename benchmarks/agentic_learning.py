@@ -109,7 +109,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
                         "sft.warm_start_steps=0",  # it starts from the SFT run instead
                         f"trainer.max_steps={args.rl_steps}",
                         f"trainer.lr={args.rl_lr}",
-                        f"eval.every={max(args.rl_steps // 3, 1)}",
+                        f"eval.every={max(args.rl_steps // 2, 1)}",  # its start, middle and end
                     ),
                 )
             )

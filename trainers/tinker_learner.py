@@ -225,6 +225,7 @@ def tinker_backend(config: RunConfig, run_dir: Path) -> tuple[TinkerLearner, Tin
         )
     )
     learner = TinkerLearner(service, base_model, config.trainer, run_dir, config.seed)
-    engine = TinkerEngine(service, base_model, models.load_tokenizer(config.model.name), context)
+    tokenizer = models.load_tokenizer(config.model.name)
+    engine = TinkerEngine(service, base_model, tokenizer, context, owns_service=True)
     logger.info("training %s on a Tinker service (rank %d)", base_model, config.trainer.lora_rank)
     return learner, engine

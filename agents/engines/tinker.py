@@ -48,10 +48,23 @@ class TinkerEngine:
         base_model: the service's name of the base model.
         tokenizer: the base model's tokenizer (its chat template renders the prompts).
         context_length: the longest prompt plus completion the service takes.
+        owns_service: `close` finishes the service client's session (its heartbeats stop):
+            for the engine of a run, closed last.
     """
 
-    def __init__(self, service: Any, base_model: str, tokenizer: Any, context_length: int):
+    CLOSE_TIMEOUT_S = 30.0
+    """How long `close` waits for the service to finish the session (it may be gone)."""
+
+    def __init__(
+        self,
+        service: Any,
+        base_model: str,
+        tokenizer: Any,
+        context_length: int,
+        owns_service: bool = False,
+    ):
         self.service, self.tokenizer, self.context_length = service, tokenizer, context_length
+        self._owns_service = owns_service
         self._base = service.create_sampling_client(base_model=base_model).result()
         self._policy: tuple[Any, int] = (self._base, 0)
         """The policy's sampling client and its version, swapped as one."""
@@ -163,7 +176,15 @@ class TinkerEngine:
         """Nothing to prepare: each checkpoint is a sampling client of its own."""
 
     def close(self) -> None:
-        """Nothing held here: the service owns the samplers."""
+        """Finishes the service client's session if this engine owns it (idempotent; a
+        service that does not answer is logged, not raised: the run's work is saved)."""
+        if not self._owns_service:
+            return
+        self._owns_service = False
+        try:
+            self.service.close("success").result(timeout=self.CLOSE_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - any failure of a service going away
+            logger.warning("the Tinker session did not finish cleanly: %s", error)
 
     def _client(self, adapter: str | None) -> tuple[Any, int]:
         if adapter not in (BASE, POLICY):

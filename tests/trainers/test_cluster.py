@@ -5,10 +5,14 @@ reason, and the run goes on to its last step.
 
 Ray resolves a loopback node address to the machine's own and listens on every interface;
 its token authentication (on by default for clusters since Ray 2.59, `RAY_AUTH_MODE=token`
-for clients) keeps the nodes to this machine's processes, which hold the token file."""
+for clients) keeps the nodes to this machine's processes: the token is made here for the
+test and handed to the nodes, the probes and the run in their environment (a fresh machine
+has no ~/.ray/auth_token)."""
 
+import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,7 +28,7 @@ from tests.trainers.test_run import ROOT, TEST_DEFAULTS, TINY
 from trainers.config import ClusterConfig, RunConfig, validate
 
 RAY = Path(sys.executable).with_name("ray")
-AUTH = {**os.environ, "RAY_AUTH_MODE": "token"}
+AUTH = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def _free_port() -> int:
@@ -35,17 +39,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ray_node(*arguments: str) -> subprocess.Popen[bytes]:
-    """A Ray node in the foreground (`--block`), in a process group of its own."""
+def _ray_node(log: Path, *arguments: str) -> subprocess.Popen[bytes]:
+    """A Ray node in the foreground (`--block`), in a process group of its own, its output
+    in `log`."""
     command = [str(RAY), "start", "--block", "--num-cpus=1", "--node-ip-address=127.0.0.1"]
     command += ["--disable-usage-stats", *arguments]
-    return subprocess.Popen(
-        command,
-        env=AUTH,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with open(log, "wb") as output:
+        return subprocess.Popen(
+            command, env=AUTH, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _alive_nodes(address: str) -> int:
@@ -60,24 +62,27 @@ def _alive_nodes(address: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(tmp_path_factory):
     """A head and a second node, 1 CPU each, on loopback; its address."""
+    logs = tmp_path_factory.mktemp("ray-nodes")
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    head = _ray_node("--head", f"--port={port}", "--include-dashboard=false")
+    head = _ray_node(logs / "head.log", "--head", f"--port={port}", "--include-dashboard=false")
     nodes = [head]
     try:
         deadline = time.monotonic() + 120
         while _alive_nodes(address) < 1:
-            assert head.poll() is None and time.monotonic() < deadline, "the head did not start"
-        nodes.append(_ray_node(f"--address={address}"))
+            started = head.poll() is None and time.monotonic() < deadline
+            assert started, "the head did not start: " + (logs / "head.log").read_text()[-2000:]
+        nodes.append(_ray_node(logs / "node.log", f"--address={address}"))
         while _alive_nodes(address) < 2:
             assert time.monotonic() < deadline, "the second node did not join"
             time.sleep(1)
         yield address
     finally:
         for node in reversed(nodes):
-            os.killpg(node.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # a node that failed has exited
+                os.killpg(node.pid, signal.SIGTERM)
         for node in nodes:
             try:
                 node.wait(timeout=5)

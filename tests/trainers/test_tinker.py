@@ -35,7 +35,9 @@ def base_url(tmp_path_factory):
 @pytest.fixture
 def service(base_url, monkeypatch):
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    return tinker.ServiceClient(base_url=base_url, api_key="tml-loopback")
+    # closed after the test: its session's heartbeats stop before the server does
+    with tinker.ServiceClient(base_url=base_url, api_key="tml-loopback") as client:
+        yield client
 
 
 def _rewarded(logprobs: list[float]):

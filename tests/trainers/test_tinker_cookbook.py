@@ -204,16 +204,16 @@ def test_rl_train_main_runs_two_iterations(server, cookbook_env, tmp_path):
 def test_unseeded_samples_differ_and_seeded_ones_repeat(server, cookbook_env):
     """What a GRPO group needs of the sampler: fresh draws unless a seed is given."""
     base_url, _ = server
-    service = tinker.ServiceClient(base_url=base_url)
-    sampler = service.create_sampling_client(base_model="tiny").result()
-    prompt = tinker.ModelInput.from_ints([1, 5, 9, 200])
+    with tinker.ServiceClient(base_url=base_url) as service:
+        sampler = service.create_sampling_client(base_model="tiny").result()
+        prompt = tinker.ModelInput.from_ints([1, 5, 9, 200])
 
-    def draw(seed: int | None) -> list[int]:
-        params = tinker.SamplingParams(max_tokens=8, seed=seed)
-        return sampler.sample(prompt, 1, params).result().sequences[0].tokens
+        def draw(seed: int | None) -> list[int]:
+            params = tinker.SamplingParams(max_tokens=8, seed=seed)
+            return sampler.sample(prompt, 1, params).result().sequences[0].tokens
 
-    assert draw(None) != draw(None)
-    assert draw(11) == draw(11)
+        assert draw(None) != draw(None)
+        assert draw(11) == draw(11)
 
 
 def test_the_model_directory_names_the_served_model(tmp_path):

@@ -157,7 +157,14 @@ class VLLMSampler:
         if name is not None:
             self._post("unload_lora_adapter", {"lora_name": name})
 
+    def release(self) -> None:
+        """Unloads every adapter this sampler loaded (a vLLM server that outlives it is left
+        serving what it served before)."""
+        for adapter in list(self._names):
+            self.forget(adapter)
+
     def close(self) -> None:
+        self.release()
         self._http.close()
         self.engine.close()
 

@@ -21,7 +21,8 @@ def service(tmp_path_factory):
     server_engine = TinkerServerEngine("tiny", tmp_path_factory.mktemp("tinker-server"))
     with in_thread(server_engine) as url, pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINKER_TELEMETRY", "0")
-        yield tinker.ServiceClient(base_url=url, api_key="tml-x")
+        with tinker.ServiceClient(base_url=url, api_key="tml-x") as client:
+            yield client
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 import tinker
 from tinker import types
 
+from tests.agents.engines.test_vllm import loaded_loras
 from trainers.tinker.app import in_thread
 from trainers.tinker.engine import TinkerEngine
 from trainers.tinker.samplers import VLLMSampler
@@ -20,10 +21,13 @@ COMPLETION = [44, 45, 46, 47, 12]
 @pytest.fixture
 def service(vllm_engine, tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    # the server is not closed here: the session's vLLM server outlives the test
-    engine = TinkerEngine("tiny", tmp_path / "tinker", VLLMSampler(vllm_engine, max_lora_rank=16))
-    with in_thread(engine) as url:
-        yield tinker.ServiceClient(base_url=url, api_key="tml-vllm")
+    sampler = VLLMSampler(vllm_engine, max_lora_rank=16)
+    with in_thread(TinkerEngine("tiny", tmp_path / "tinker", sampler)) as url:
+        with tinker.ServiceClient(base_url=url, api_key="tml-vllm") as client:
+            yield client
+    # the session's vLLM server outlives the test: it is left serving what it served before
+    sampler.release()
+    assert not [name for name in loaded_loras(vllm_engine) if name.startswith("tinker-")]
 
 
 def _datum(advantage: float, logprobs: list[float]) -> types.Datum:
