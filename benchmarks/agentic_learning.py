@@ -5,7 +5,7 @@ demonstrations, and after RL started from that SFT adapter (`binary` on the env'
 
     python -m benchmarks.agentic_learning [--envs toolcall terminal] [--model smollm2-135m]
         [--methods binary combine] [--demonstrations 160] [--sft-steps 30] [--rl-steps 12]
-        [--eval-episodes 60] [--out runs/agentic-learning]
+        [--eval-episodes 60] [--rl-eval-every N] [--out runs/agentic-learning]
 
 Every stage is an ordinary training run (`python -m trainers.run`, its directory under
 `--out`), so each can be inspected, resumed, or put on the leaderboard
@@ -109,11 +109,19 @@ def stages(args: argparse.Namespace) -> list[Stage]:
                         "sft.warm_start_steps=0",  # it starts from the SFT run instead
                         f"trainer.max_steps={args.rl_steps}",
                         f"trainer.lr={args.rl_lr}",
-                        f"eval.every={max(args.rl_steps // 2, 1)}",  # its start, middle and end
+                        f"eval.every={rl_eval_every(args)}",
                     ),
                 )
             )
     return planned
+
+
+def rl_eval_every(args: argparse.Namespace) -> int:
+    """Steps between an RL run's evaluations: `--rl-eval-every`, by default half its steps
+    (its start, middle and end); 0 evaluates at its start and end only."""
+    if args.rl_eval_every is not None:
+        return int(args.rl_eval_every)
+    return max(args.rl_steps // 2, 1)
 
 
 def run_stage(stage: Stage, out: Path) -> dict[str, Any]:
@@ -237,6 +245,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rl-steps", type=int, default=12)
     parser.add_argument("--rl-lr", type=float, default=1e-4)
     parser.add_argument("--eval-episodes", type=int, default=60)
+    parser.add_argument(
+        "--rl-eval-every",
+        type=int,
+        default=None,
+        help="steps between an RL run's evaluations (default: half its steps; 0: start and end)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/agentic-learning"))
     parser.add_argument(
