@@ -118,8 +118,10 @@ def test_host_files_outside_the_mounts_cannot_be_read(sandbox, host_secrets):
 
 
 def test_a_fork_bomb_is_contained(sandbox):
-    bomb = sandbox.exec(":(){ :|:& };:; sleep 3", timeout=20)
-    deadline = time.monotonic() + 30  # under load the bomb may fill the sandbox after `sleep`
+    # the command waits up to 15 s for the bomb to fill the sandbox (seconds on a loaded
+    # machine): the next command would kill a bomb that has not, as any leftover
+    bomb = sandbox.exec(":(){ :|:& };:; sleep 15", timeout=30)
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not bomb.timed_out:
         if "[error] the sandbox reached its limit" in bomb.stderr:
             break
