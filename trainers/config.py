@@ -356,12 +356,16 @@ def validate(config: RunConfig) -> None:
         raise ValueError(
             f"trainer.threads must be >= 1 (or null: chosen for you), got {config.trainer.threads}"
         )
-    if config.trainer.device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"trainer.device must be auto, cpu or cuda, got {config.trainer.device!r}")
-    if config.trainer.dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(
-            f"trainer.dtype must be auto, float32 or bfloat16, got {config.trainer.dtype!r}"
-        )
+    validate_placement("trainer", config.trainer.device, config.trainer.dtype)
+
+
+def validate_placement(section: str, device: str, dtype: str) -> None:
+    """Raises ValueError for a learner device or dtype `trainers.learner` does not know;
+    `section` names the config section in the message."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"{section}.device must be auto, cpu or cuda, got {device!r}")
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"{section}.dtype must be auto, float32 or bfloat16, got {dtype!r}")
 
 
 def register_configs() -> None:

@@ -27,6 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from agents.config import EngineConfig, ModelConfig, is_loopback
+from trainers.config import validate_placement
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,7 @@ def checked_section(section: TinkerSection) -> TinkerSection:
     Raises:
         ValueError: a host beyond loopback without a key, or an unknown device or dtype.
     """
-    if section.device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"tinker.device must be auto, cpu or cuda, got {section.device!r}")
-    if section.dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"tinker.dtype must be auto, float32 or bfloat16, got {section.dtype!r}")
+    validate_placement("tinker", section.device, section.dtype)
     key = section.api_key or os.environ.get("CLAWGYM_TINKER_API_KEY")
     if key is None and not is_loopback(section.host):
         raise ValueError(
