@@ -32,7 +32,7 @@ from agents.rollout import DirectSeat, EpisodeSummary, run_episode
 from agents.store import Store
 from agents.toolcalls import assistant_message
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnType
-from envs.core import Action, AgentEnv, ScriptedAgent
+from envs.core import Action, AgentEnv, ScriptedAgent, solved
 
 logger = logging.getLogger(__name__)
 
@@ -233,13 +233,13 @@ def record_demonstrations(
             run_episode(play, seat, env_id=env_name, task_id=ids[n % len(ids)], seed=seed + n)
             for n in range(episodes)
         ]
-        solved = sum(s.total_reward > 0 for s in summaries)
+        solved_count = sum(solved(s.total_reward) for s in summaries)
         unplayed = [s.error for s in summaries if not s.session_id]
         logger.info(
             "%s: %d demonstrations, %d solved, %d not played%s",
             env_name,
             len(summaries),
-            solved,
+            solved_count,
             len(unplayed),
             f" ({unplayed[0]})" if unplayed else "",
         )

@@ -152,8 +152,9 @@ def curve(run_dir: Path, env: str) -> list[dict[str, Any]]:
 
 def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
     """One row per env and policy: base, SFT, and SFT + each RL method."""
-    grid = Table(title="held-out pass@1 (95% Wilson interval)")
-    for column in ("env", "policy", "pass@1", "95% interval", "n", "steps", "train wall s"):
+    grid = Table(title="held-out pass@1 (95% Wilson interval) and mean reward")
+    columns = ("env", "policy", "pass@1", "95% interval", "reward", "n", "steps", "train wall s")
+    for column in columns:
         grid.add_column(column, justify="left" if column in ("env", "policy") else "right")
     for stage, summary in results:
         scores = summary["held_out"][stage.env]
@@ -168,6 +169,7 @@ def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
                 policy,
                 f"{score['pass_at_1']:.3f}",
                 f"[{score['low']:.3f}, {score['high']:.3f}]",
+                f"{score['reward']:.3f}",  # partial credit counts here, not in pass@1
                 str(score["episodes"]),
                 str(steps),
                 f"{wall:.0f}" if wall else "-",

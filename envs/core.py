@@ -40,6 +40,16 @@ ERROR_PREFIX = "[error] "
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
+def solved(total_reward: float) -> bool:
+    """Whether an episode solved its task: its full reward (1), the rule for pass@1 in
+    held-out evaluation and on the leaderboard. Any reward above 0 is not enough:
+    InterCode-ALFA's tasks give partial credit for output like the gold command's, and a few
+    GUI tasks a little for a near miss; counting those made the held-out pass@1 of the Terminal
+    runs 0.57-0.63 where the leaderboard counted 0.03-0.05 of the same policies' episodes
+    solved."""
+    return total_reward >= 1.0 - 1e-9
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What a tool returns when it does more than produce text."""

@@ -27,6 +27,7 @@ from agents.compose import sampling_params
 from agents.config import EnvConfig, SamplingConfig
 from agents.rollout import EpisodeSummary, Seat, run_episode
 from agents.trajectory import SessionStatus
+from envs.core import solved
 from trainers.config import EvalConfig
 from trainers.metrics import MetricsWriter
 from trainers.stats import wilson_interval
@@ -57,8 +58,9 @@ class EvalScore:
 
 
 def score(step: int, summaries: list[EpisodeSummary]) -> EvalScore:
-    """The held-out score of one env's evaluation episodes (a success: reward > 0)."""
-    successes = sum(s.total_reward > 0 for s in summaries)
+    """The held-out score of one env's evaluation episodes (a success: its full reward,
+    `envs.core.solved`, the leaderboard's rule)."""
+    successes = sum(solved(s.total_reward) for s in summaries)
     n = len(summaries)
     low, high = wilson_interval(successes, n)
     return EvalScore(

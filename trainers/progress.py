@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.core import solved
 from trainers.learner import StepMetrics
 
 
@@ -31,8 +32,8 @@ class EpisodeRecord:
 
     @property
     def success(self) -> bool:
-        """Whether the env scored the episode a success (a positive outcome)."""
-        return self.reward > 0
+        """Whether the episode solved its task (`envs.core.solved`: its full reward)."""
+        return solved(self.reward)
 
 
 @dataclass

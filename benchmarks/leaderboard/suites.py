@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envs.core import ScriptedAgent
+from envs.core import ScriptedAgent, solved
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ Scorer = Callable[[EpisodeTrace], Outcome]
 
 def reward_outcome(trace: EpisodeTrace) -> Outcome:
     """Success is full reward (1): Arith, Terminal (all tests pass), GUI, tool calls."""
-    return Outcome(trace.reward >= 1.0 - 1e-9, trace.reward)
+    return Outcome(solved(trace.reward), trace.reward)
 
 
 def chat_outcome(trace: EpisodeTrace) -> Outcome:

@@ -14,6 +14,7 @@ from envs.core import (
     ToolResult,
     parse_action,
     run_episode,
+    solved,
     tool_calls_message,
 )
 from envs.registry import registered_ids
@@ -250,3 +251,8 @@ def test_any_exception_of_a_tool_or_the_end_hook_ends_the_episode_instead_of_rai
     env._on_episode_end = broken_end
     _, reward, terminated, truncated, info = env.step(call("finish", "{}"))
     assert (reward, terminated) == (1.0, True) and info["failed"].startswith("OSError")
+
+
+def test_only_full_reward_solves_a_task():
+    assert solved(1.0) and solved(0.9999999999) and solved(2.0)
+    assert not solved(0.99) and not solved(0.5) and not solved(0.0) and not solved(-1.0)

@@ -7,6 +7,9 @@ import pytest
 
 from agents.compose import env_factory
 from agents.config import EnvConfig, SamplingConfig
+from agents.rollout import EpisodeSummary
+from agents.trajectory import SessionStatus
+from trainers import evaluation
 from trainers.config import EvalConfig
 from trainers.evaluation import EvalScore, Evaluator, eval_row, score_of
 from trainers.metrics import MetricsWriter, read_metrics, record
@@ -29,6 +32,21 @@ def test_a_score_survives_its_metrics_row():
         step=4, episodes=8, successes=3, pass_at_1=0.375, low=0.1, high=0.7, reward=0.4, failed=1
     )
     assert score_of(record(4, eval_row(score), env="arith")) == score
+
+
+def episode(reward: float, status: SessionStatus = SessionStatus.DONE) -> EpisodeSummary:
+    return EpisodeSummary("s", "t", reward, 2, 10, 5, True, status)
+
+
+def test_partial_credit_is_reward_but_not_a_success():
+    # InterCode-ALFA-like rewards: one solved, two near misses, one nothing, one broken off
+    rewards = [1.0, 0.6, 0.3, 0.0, 0.0]
+    statuses = [SessionStatus.DONE] * 4 + [SessionStatus.FAILED]
+    held_out = evaluation.score(3, [episode(r, s) for r, s in zip(rewards, statuses, strict=True)])
+    assert (held_out.successes, held_out.pass_at_1, held_out.failed) == (1, 0.2, 1)
+    assert held_out.reward == pytest.approx(0.38)
+    assert held_out.low == pytest.approx(0.036224, abs=1e-6)  # Wilson, 1 of 5, by hand
+    assert held_out.high == pytest.approx(0.624465, abs=1e-6)
 
 
 def test_a_resumed_evaluator_keeps_its_before_and_plays_only_steps_not_yet_evaluated(tmp_path):
