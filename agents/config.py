@@ -35,7 +35,8 @@ class EngineConfig:
     remote (any OpenAI-compatible URL; it serves, it does not train)."""
     threads: int | None = None
     """embedded: torch CPU threads (None: torch's default). vllm on a CPU beside a learner:
-    the cores vLLM computes on, the learner taking the others (None: half, rounded up)."""
+    the cores vLLM computes on, the learner taking the others (None: half, rounded up);
+    with `trainer.overlap=false` both take every core."""
     max_batch: int = 32
     """embedded: most sequences decoded together."""
     context_length: int | None = None

@@ -131,7 +131,9 @@ class TrainerConfig:
     before rollouts pause: the bounded queue. None: 2 x batch_turns, which lets the rollout
     play one batch ahead of the learner; more only makes turns staler."""
     overlap: bool = True
-    """Run rollout, judging and training concurrently; false alternates them strictly."""
+    """Run rollout, judging and training concurrently; false alternates them strictly
+    (each rollout phase plays `rollout.groups_in_flight` groups at once, and a vLLM server
+    on a CPU computes on every core, as the learner does, since they never run together)."""
     init_adapter: str | None = None
     """Start from this LoRA adapter (a directory with adapter_config.json, or a run
     directory: its newest adapters/v<N>, e.g. an SFT run's) instead of the base model. It

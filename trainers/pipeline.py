@@ -242,11 +242,11 @@ class Pipeline:
                 self.store.count_turns(TurnStatus.COLLECTED, TurnType.MAIN)
                 < self.config.trainer.batch_turns
             ):
-                self.rollouts.play_group()
+                self.rollouts.play_groups()
             while self.judging.judge_pending():
                 pass
             if self._train_step() is None:
-                self.rollouts.play_group()
+                self.rollouts.play_groups()
 
     def _train_step(self) -> StepMetrics | None:
         """One optimiser step if one is ready, and the evaluation due after it."""

@@ -236,6 +236,14 @@ class RolloutLoop:
         if errors:
             raise errors[0]
 
+    def play_groups(self) -> list[EpisodeSummary]:
+        """`groups_in_flight` groups played concurrently, then returns (the alternating
+        pipeline's rollout phase: a batching engine decodes all their turns together)."""
+        count = self.config.groups_in_flight
+        with ThreadPoolExecutor(count, "rollout") as pool:
+            groups = list(pool.map(lambda _: self.play_group(), range(count)))
+        return [summary for group in groups for summary in group]
+
     def play_group(self) -> list[EpisodeSummary]:
         """The next group (of the env the schedule picks), its episodes played concurrently."""
         with self._lock:

@@ -255,7 +255,10 @@ def _policy_engine(config: RunConfig, learner: Learner) -> Engine:
         return ray_replicas(config.cluster, config.engine, config.model)
     engine_cpus = None
     if config.engine.backend == "vllm" and learner.device.type == "cpu":
-        learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
+        if config.trainer.overlap:
+            learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
+        else:  # the phases alternate, never computing at once: each takes every core
+            learner_cpus = engine_cpus = own_cpus()
         torch.set_num_threads(config.trainer.threads or len(learner_cpus))
         logger.info("cores: learner %s, vLLM %s", learner_cpus, engine_cpus)
     elif config.trainer.threads:
