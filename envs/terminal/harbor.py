@@ -26,9 +26,12 @@ env's own sandbox limits hold, and there is never a network), `[verifier.env]` a
 `[solution.env]`. Only `solution/solve.sh` is the reference solution; other files of
 `solution/` are not copied.
 
-Convert the shipped terminal-bench tasks (writes `envs/terminal/harbor/`):
+The shipped tasks are kept once, in terminal-bench form (`envs/terminal/tasks/`); `tasks=harbor`
+converts them on first use into the cache (`shipped_harbor`). Convert any terminal-bench
+task folders into Harbor ones (no arguments: the shipped tasks into the cache, its path
+logged):
 
-    python -m envs.terminal.harbor [SOURCE_DIR] [TARGET_DIR]
+    python -m envs.terminal.harbor [SOURCE_DIR TARGET_DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -55,7 +59,6 @@ from envs.terminal.tasks import SHIPPED, TerminalTask, load_tbench_task
 
 logger = logging.getLogger(__name__)
 
-HARBOR_SHIPPED = Path(__file__).resolve().parent / "harbor"
 BASE_REPOSITORY = "clawgym/sandbox-base"
 REWARD_DIR = "/logs/verifier"
 TEST_COMMAND = "bash /tests/test.sh"
@@ -381,18 +384,46 @@ def _task_toml(meta: dict[str, Any], task: TerminalTask) -> str:
     return "\n".join(lines) + "\n"
 
 
-def convert_tbench(source: Path = SHIPPED, target: Path = HARBOR_SHIPPED) -> list[Path]:
+def convert_tbench(source: Path, target: Path) -> list[Path]:
     """Converts every terminal-bench task folder under `source` into `target`."""
     return [convert_tbench_task(p.parent, target) for p in sorted(source.glob("*/task.yaml"))]
+
+
+def shipped_harbor(source: Path = SHIPPED) -> Path:
+    """The terminal-bench task folders under `source` (the shipped ones by default) as Harbor
+    folders, converted once into `$CLAWGYM_HOME/harbor/<digest>` (default ~/.cache/clawgym):
+    the digest covers the tasks' files and this converter, so an edited task or converter
+    is converted anew, and the repository keeps one copy of each task. Written beside and
+    moved into place, so concurrent runs never read a half-written set."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    files = (p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for file in sorted(files):
+        digest.update(str(file.relative_to(source)).encode() + b"\0" + file.read_bytes())
+    home = Path(os.environ.get("CLAWGYM_HOME") or Path.home() / ".cache" / "clawgym")
+    target = home / "harbor" / digest.hexdigest()[:16]
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        convert_tbench(source, staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process moved its conversion into place first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     args = sys.argv[1:] if argv is None else argv
-    source = Path(args[0]) if args else SHIPPED
-    target = Path(args[1]) if len(args) > 1 else HARBOR_SHIPPED
-    folders = convert_tbench(source, target)
-    logger.info("wrote %d Harbor task folders to %s", len(folders), target)
+    if len(args) == 1:
+        raise SystemExit("usage: python -m envs.terminal.harbor [SOURCE_DIR TARGET_DIR]")
+    if args:
+        target = Path(args[1])
+        folders = convert_tbench(Path(args[0]), target)
+        logger.info("wrote %d Harbor task folders to %s", len(folders), target)
+    else:
+        logger.info("the shipped tasks as Harbor folders: %s", shipped_harbor())
 
 
 if __name__ == "__main__":

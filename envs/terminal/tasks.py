@@ -7,9 +7,9 @@
   listing `{command: ...}` steps), `tests/` run by pytest (through `run-tests.sh` when the
   task has one), and optionally `setup.sh`, which stands in for the Dockerfile's build steps
   (images are never pulled here) and runs in the sandbox before the agent starts.
-- "harbor": the same tasks as Harbor task folders (terminal-bench 2.0's format), shipped in
-  `envs/terminal/harbor/`; "harbor:PATH" loads any folder of Harbor task folders (see
-  `harbor.py`).
+- "harbor": the same tasks as Harbor task folders (terminal-bench 2.0's format), converted
+  from the shipped ones on first use (`harbor.shipped_harbor`); "harbor:PATH" loads any
+  folder of Harbor task folders (see `harbor.py`).
 - "icalfa": InterCode-ALFA's 300 natural-language-to-bash tasks, read from the installed
   `icalfa` package's data files (its code, which needs scikit-learn and Docker, is not
   imported), each with the file-system setup script of its image and its gold command.
@@ -97,9 +97,9 @@ def load_task_set(source: str, split: str) -> dict[str, TerminalTask]:
     """The tasks of `source` ("tbench", "icalfa", "harbor", "harbor:PATH" or a task
     directory) in `split`."""
     if source == "harbor" or source.startswith("harbor:"):
-        from envs.terminal.harbor import HARBOR_SHIPPED, load_harbor
+        from envs.terminal.harbor import load_harbor, shipped_harbor
 
-        path = source.partition(":")[2] or str(HARBOR_SHIPPED)
+        path = source.partition(":")[2] or str(shipped_harbor())
         return select_split(list(load_harbor(path)), split)
     if source == "icalfa":
         return select_split(list(load_icalfa()), split)

@@ -4,6 +4,7 @@ under `slow`, on bubblewrap and on Docker (their Dockerfiles built locally); mal
 folders fail with an error that names the problem; reward files parse as Harbor's do."""
 
 import json
+import shutil
 
 import pytest
 
@@ -11,10 +12,10 @@ from envs.sandbox import SandboxError
 from envs.terminal.env import TerminalEnv
 from envs.terminal.grading import parse_reward
 from envs.terminal.harbor import (
-    HARBOR_SHIPPED,
     convert_tbench,
     load_harbor,
     load_harbor_task,
+    shipped_harbor,
 )
 from envs.terminal.tasks import SHIPPED, load_task_set, load_tbench
 from tests.envs.terminal.test_terminal import call, gold_check
@@ -22,21 +23,18 @@ from tests.envs.terminal.test_terminal import call, gold_check
 SAMPLE = ["harbor/archive-project", "harbor/fix-python-bug", "harbor/write-primes"]
 
 
-def test_shipped_harbor_folders_are_the_converted_terminal_bench_tasks(tmp_path):
-    """The shipped folders are what the converter writes today (rerun it after changing a
-    terminal-bench task), and each loads with the same instruction, solution and tests."""
+def _files(root):
+    return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_tasks_harbor_is_the_converted_terminal_bench_tasks(tmp_path):
+    """`tasks=harbor` reads what the converter writes from the shipped tasks today, and each
+    task loads with the same instruction, solution and tests."""
     convert_tbench(SHIPPED, tmp_path)
-    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    shipped = sorted(
-        p.relative_to(HARBOR_SHIPPED)
-        for p in HARBOR_SHIPPED.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    )
-    assert written == shipped
-    for path in written:
-        assert (tmp_path / path).read_bytes() == (HARBOR_SHIPPED / path).read_bytes(), path
+    converted = shipped_harbor()
+    assert _files(tmp_path) == _files(converted)
     old = {t.task_id.split("/")[1]: t for t in load_tbench(str(SHIPPED))}
-    new = {t.task_id.split("/")[1]: t for t in load_harbor(str(HARBOR_SHIPPED))}
+    new = {t.task_id.split("/")[1]: t for t in load_harbor(str(converted))}
     assert old.keys() == new.keys() and len(new) == 23
     for name, task in new.items():
         assert task.instruction == old[name].instruction and task.solution == old[name].solution
@@ -44,9 +42,23 @@ def test_shipped_harbor_folders_are_the_converted_terminal_bench_tasks(tmp_path)
         assert task.test_timeout == old[name].test_timeout and task.workdir == "/app"
 
 
+def test_an_edited_task_is_converted_anew(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLAWGYM_HOME", str(tmp_path / "home"))
+    source = tmp_path / "tbench"
+    shutil.copytree(SHIPPED / "count-lines", source / "count-lines")
+    first = shipped_harbor(source)
+    assert shipped_harbor(source) == first  # converted once
+    task = source / "count-lines" / "task.yaml"
+    task.write_text(task.read_text().replace("Count the lines", "Count all lines"))
+    second = shipped_harbor(source)
+    assert second != first
+    assert "Count all lines" in (second / "count-lines" / "instruction.md").read_text()
+    assert not [p for p in second.parent.iterdir() if p.name.startswith(".")]  # no staging left
+
+
 def test_harbor_task_sets_and_splits():
     shipped = load_task_set("harbor", "all")
-    assert load_task_set(f"harbor:{HARBOR_SHIPPED}", "all").keys() == shipped.keys()
+    assert load_task_set(f"harbor:{shipped_harbor()}", "all").keys() == shipped.keys()
     train, test = load_task_set("harbor", "train"), load_task_set("harbor", "test")
     assert train.keys().isdisjoint(test.keys()) and len(train) + len(test) == len(shipped)
 

@@ -1,2 +1,0 @@
-#!/bin/bash
-cd /app && tar --exclude='*.log' -czf project.tar.gz project

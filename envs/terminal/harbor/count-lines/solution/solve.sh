@@ -1,2 +1,0 @@
-#!/bin/bash
-wc -l < /app/data.txt | tr -d ' ' > /app/count.txt

@@ -1,2 +1,0 @@
-#!/bin/bash
-printf '#!/bin/sh\necho "${APP_MODE:-unset}"\n' > /app/show_env.sh && chmod +x /app/show_env.sh

@@ -1,2 +1,0 @@
-#!/bin/bash
-chmod 600 /app/secret.txt && chmod a+x /app/bin/run

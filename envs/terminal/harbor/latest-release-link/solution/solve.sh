@@ -1,2 +1,0 @@
-#!/bin/bash
-ln -sfn "/app/releases/$(ls /app/releases | sort -V | tail -1)" /app/latest

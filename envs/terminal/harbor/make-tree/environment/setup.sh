@@ -1,4 +1,0 @@
-#!/bin/bash
-set -e
-mkdir -p /app
-printf 'a/b/c\na/d\ne\nf/g h\n' > /app/paths.txt

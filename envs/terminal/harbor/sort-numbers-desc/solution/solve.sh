@@ -1,2 +1,0 @@
-#!/bin/bash
-sort -rn /app/numbers.txt > /app/sorted.txt
