@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -156,29 +156,20 @@ class ServerProcess:
 
     def _wait_healthy(self, timeout: float) -> None:
         started = time.monotonic()
-        with _interrupts_kept() as interrupted:
-            while time.monotonic() - started < timeout:
-                if interrupted():
-                    raise KeyboardInterrupt
-                if self._check_started(started):
-                    return
-                time.sleep(0.5)
+        while time.monotonic() - started < timeout:
+            if self._process.poll() is not None:
+                raise ServerStartError(
+                    f"the vLLM server (pid {self.pid}, port {self.port}) exited with "
+                    f"{_exit_text(self._process.returncode)} while starting; {self._log_text()}"
+                )
+            if self.healthy():
+                logger.info("vLLM server up in %.1f s", time.monotonic() - started)
+                return
+            time.sleep(0.5)
         raise TimeoutError(
             f"the vLLM server (pid {self.pid}, port {self.port}) did not answer /health "
             f"within {timeout:.0f} s; {self._log_text()}"
         )
-
-    def _check_started(self, started: float) -> bool:
-        """Whether the server answers; raises ServerStartError if it exited."""
-        if self._process.poll() is not None:
-            raise ServerStartError(
-                f"the vLLM server (pid {self.pid}, port {self.port}) exited with "
-                f"{_exit_text(self._process.returncode)} while starting; {self._log_text()}"
-            )
-        if not self.healthy():
-            return False
-        logger.info("vLLM server up in %.1f s", time.monotonic() - started)
-        return True
 
     def alive(self) -> bool:
         return self._process.poll() is None
@@ -273,29 +264,6 @@ def _exit_text(code: int) -> str:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-@contextlib.contextmanager
-def _interrupts_kept() -> Iterator[Callable[[], bool]]:
-    """While a server starts: Ctrl-C raises KeyboardInterrupt as always, and is also kept, so
-    that the start stops even where the interrupt landed in a finalizer (an HTTP client's,
-    collected mid-poll), where Python reports it and carries on. Only the main thread gets
-    signals, and only Python's own Ctrl-C handler is wrapped."""
-    main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield lambda: False
-        return
-    received = threading.Event()
-
-    def on_interrupt(signum: int, frame: FrameType | None) -> None:
-        received.set()
-        signal.default_int_handler(signum, frame)
-
-    signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        yield received.is_set
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stop_all() -> None:

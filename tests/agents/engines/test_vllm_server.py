@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -89,27 +88,3 @@ def test_a_server_that_exits_while_starting_keeps_its_log():
 def test_the_first_error_is_the_root_cause_without_vllm_prefixes():
     assert first_error(VLLM_LOG) == "ValueError: Available memory"
     assert first_error("INFO all good\n") is None
-
-
-class InterruptedWhileCollected:
-    """Sends this process Ctrl-C from its finalizer, where Python reports the
-    KeyboardInterrupt and carries on: what befalls an interrupt that lands while an HTTP
-    client is being collected."""
-
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # the handler runs here, inside the finalizer
-
-
-def test_ctrl_c_swallowed_by_a_finalizer_still_stops_a_starting_server(monkeypatch):
-    never_healthy = "import time; print('starting', flush=True); time.sleep(60)"
-
-    def poll(self, timeout=2.0):
-        InterruptedWhileCollected()  # collected at once
-        return False
-
-    monkeypatch.setattr(ServerProcess, "healthy", poll)
-    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)  # the swallowed one
-    with pytest.raises(KeyboardInterrupt):
-        ServerProcess([sys.executable, "-c", never_healthy], free_port(), {}, 10.0)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
