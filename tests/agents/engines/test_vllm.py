@@ -312,7 +312,12 @@ def test_a_killed_server_makes_every_call_raise_engine_died(vllm_alone, tiny_ada
     engine.log_path.unlink()
 
 
-STARTER = "from agents.engines.vllm import VLLMEngine; VLLMEngine('tiny')"
+# Ctrl-C as at a terminal: a test run started in the background by a script inherits SIGINT
+# ignored (POSIX shells ignore it in asynchronous commands), and so would this starter.
+STARTER = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from agents.engines.vllm import VLLMEngine; VLLMEngine('tiny')"
+)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
