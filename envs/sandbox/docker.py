@@ -78,6 +78,8 @@ container ends with it), the shell whose pid is `$1` and itself. The keep-alive'
 read once, when the container starts and nothing else runs: found later by its name or as
 the init's lowest-numbered child, an agent's process named `sleep`, or an orphan whose pid
 wrapped around below it, would be spared."""
+_KEEPALIVE_WAIT_S = 10.0
+"""How long a new container's init may take to fork its keep-alive."""
 _RESIDENTS = 3  # tasks of an idle container: its init, the keep-alive and the shell
 _reaped = threading.Event()
 _unmeasured = threading.Event()  # set once the disk budget was said to be unenforced
@@ -265,17 +267,23 @@ class DockerSandbox(Sandbox):
 
     def _keepalive_pid(self) -> str:
         """The keep-alive's pid inside the container, read while it is the init's only child
-        (a `docker exec` is a child of no process in there)."""
-        try:
-            code, output = self.container.exec_run(["cat", "/proc/1/task/1/children"])
-        except Exception as error:
-            self.container.remove(force=True)
-            raise SandboxError(f"the container did not start: {error}") from None
-        children = output.decode(errors="replace").split()
-        if code != 0 or len(children) != 1 or not children[0].isdigit():
-            self.container.remove(force=True)
-            raise SandboxError(f"the container's keep-alive was not found: {output[:200]!r}")
-        return children[0]
+        (a `docker exec` is a child of no process in there). The container runs before its
+        init has forked the keep-alive: on a busy machine the first look can find no child,
+        so it looks again for up to `_KEEPALIVE_WAIT_S`."""
+        deadline = time.monotonic() + _KEEPALIVE_WAIT_S
+        while True:
+            try:
+                code, output = self.container.exec_run(["cat", "/proc/1/task/1/children"])
+            except Exception as error:
+                self.container.remove(force=True)
+                raise SandboxError(f"the container did not start: {error}") from None
+            children = output.decode(errors="replace").split()
+            if code == 0 and len(children) == 1 and children[0].isdigit():
+                return children[0]
+            if code != 0 or children or time.monotonic() > deadline:
+                self.container.remove(force=True)
+                raise SandboxError(f"the container's keep-alive was not found: {output[:200]!r}")
+            time.sleep(0.05)
 
     def _run_options(self) -> dict[str, Any]:
         from docker.types import Ulimit

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox.docker import BASE_PACKAGES, LABEL, base_image_tag, reap_orphans
+from envs.sandbox import SandboxError
+from envs.sandbox import docker as docker_module
+from envs.sandbox.docker import (
+    BASE_PACKAGES,
+    LABEL,
+    DockerSandbox,
+    base_image_tag,
+    reap_orphans,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,3 +64,31 @@ def test_the_reaper_removes_containers_whose_parent_died(docker_daemon):
     assert container.name in reap_orphans(client)
     with pytest.raises(docker.errors.NotFound):
         client.containers.get(orphan)
+
+
+class SlowInitContainer:
+    """Stands in for a container whose init forks its keep-alive late (a race a real daemon
+    cannot be made to lose on demand): the first looks find no child."""
+
+    def __init__(self, empty_looks: int):
+        self.empty_looks, self.removed = empty_looks, False
+
+    def exec_run(self, command):
+        if self.empty_looks:
+            self.empty_looks -= 1
+            return 0, b"\n"
+        return 0, b"7\n"
+
+    def remove(self, force=False):
+        self.removed = True
+
+
+def test_the_keep_alive_is_looked_for_again_until_the_init_has_forked_it(monkeypatch):
+    sandbox = object.__new__(DockerSandbox)
+    sandbox.container = SlowInitContainer(empty_looks=3)
+    assert sandbox._keepalive_pid() == "7" and not sandbox.container.removed
+    monkeypatch.setattr(docker_module, "_KEEPALIVE_WAIT_S", 0.2)
+    sandbox.container = SlowInitContainer(empty_looks=1_000)
+    with pytest.raises(SandboxError, match="keep-alive was not found"):
+        sandbox._keepalive_pid()
+    assert sandbox.container.removed
