@@ -5,16 +5,18 @@ demonstrations, and after RL started from that SFT adapter (`binary` on the env'
 
     python -m benchmarks.agentic_learning [--envs toolcall terminal] [--model smollm2-135m]
         [--methods binary combine] [--demonstrations 160] [--sft-steps 30] [--rl-steps 12]
-        [--eval-episodes 60] [--rl-eval-every N] [--out runs/agentic-learning]
+        [--eval-episodes 60] [--rl-eval-every N] [--check-start] [--out runs/agentic-learning]
 
 Every stage is an ordinary training run (`python -m trainers.run`, its directory under
 `--out`), so each can be inspected, resumed, or put on the leaderboard
 (`benchmarks.run policy=adapter:RUN_DIR@all`); a stage whose run finished is not run again.
 The scores are the runs' own held-out evaluations (`eval.episodes` tasks of the test split,
 evenly spaced, greedy): the SFT run's "before" is the base model, its "after" the SFT
-adapter, which is also every RL run's "before" (the same tasks; a check that the RL run
-starts where SFT ended). Prints a table per env and method and draws `learning.png`, pass@1
-against training steps with the intervals.
+adapter, which is also every RL run's start. An RL run does not evaluate that start again
+(`eval.before=false`: 12 to 24 minutes per run at 200 ToolCall tasks on a 2-core CPU)
+unless `--check-start` asks it to, as a check that it starts where SFT ended. Prints a
+table per env and method and draws `learning.png`, pass@1 against training steps with the
+intervals.
 
 Envs: `toolcall` is ToolCall-v0 on BFCL's single-turn categories; `terminal` is
 Terminal-v0 on InterCode-ALFA's bash tasks in bubblewrap, five turns an episode.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -35,6 +38,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from agents.store import Store
+from agents.trajectory import TurnType
 from trainers.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -110,6 +115,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
                         f"trainer.max_steps={args.rl_steps}",
                         f"trainer.lr={args.rl_lr}",
                         f"eval.every={rl_eval_every(args)}",
+                        f"eval.before={str(args.check_start).lower()}",
                     ),
                 )
             )
@@ -161,7 +167,7 @@ def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
         rows = [("base", scores["before"], 0, 0.0)] if stage.name == "sft" else []
         label = "SFT" if stage.name == "sft" else f"SFT + {stage.name}"
         rows.append((label, scores["after"], summary["steps"], summary["wall_s"]))
-        if stage.name != "sft":
+        if stage.name != "sft" and scores["before"] is not None:  # --check-start
             rows.insert(0, ("  (its start: SFT)", scores["before"], 0, 0.0))
         for policy, score, steps, wall in rows:
             grid.add_row(
@@ -177,6 +183,56 @@ def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
     return grid
 
 
+FAMILY_ENVS = ("toolcall",)
+"""Envs whose task ids name a family (BFCL's categories); icalfa's are numbers alone."""
+
+
+def task_family(task_id: str) -> str:
+    """A task's family: its id less the source prefix and the trailing number
+    (`bfcl/live_multiple_7-3-2` is `live_multiple`, a BFCL category)."""
+    return re.sub(r"_\d[\d-]*$", "", task_id.split("/", 1)[-1])
+
+
+def solved_by_family(run_dir: Path, env: str) -> list[dict[str, tuple[int, int]]]:
+    """Each held-out evaluation of `env` stored in the run (in the order played): per task
+    family, (solved, played). An evaluation is told apart by the policy version that played it."""
+    with Store(run_dir / "store.sqlite") as store:
+        sessions = {s.session_id: s for s in store.sessions() if s.env_id == f"eval/{env}"}
+        version = {
+            turn.session_id: turn.policy_version
+            for _, turn in store.turns(turn_type=TurnType.SIDE)
+            if turn.session_id in sessions
+        }
+    evaluations: dict[int, dict[str, tuple[int, int]]] = {}
+    for session_id, played in version.items():
+        session = sessions[session_id]
+        families = evaluations.setdefault(played, {})
+        solved, count = families.get(task_family(session.task_id), (0, 0))
+        success = session.outcome_reward is not None and session.outcome_reward >= 1.0
+        families[task_family(session.task_id)] = (solved + success, count + 1)
+    return [evaluations[v] for v in sorted(evaluations)]
+
+
+def family_table(results: list[tuple[Stage, dict[str, Any]]], out: Path, env: str) -> Table:
+    """Solved / played per task family (BFCL's categories on ToolCall) for the base model,
+    SFT and each RL run: which kinds of task a stage gained or lost."""
+    columns: dict[str, dict[str, tuple[int, int]]] = {}
+    for stage, _ in (r for r in results if r[0].env == env):
+        evaluations = solved_by_family(stage.run_dir(out), env)
+        if stage.name == "sft" and evaluations:
+            columns["base"] = evaluations[0]
+        if evaluations:
+            columns["SFT" if stage.name == "sft" else f"SFT + {stage.name}"] = evaluations[-1]
+    grid = Table(title=f"{env}: held-out tasks solved per task family (last evaluation)")
+    grid.add_column("family")
+    for name in columns:
+        grid.add_column(name, justify="right")
+    for family in sorted({f for column in columns.values() for f in column}):
+        cells = [column.get(family, (0, 0)) for column in columns.values()]
+        grid.add_row(family, *(f"{solved}/{count}" for solved, count in cells))
+    return grid
+
+
 def plot(results: list[tuple[Stage, dict[str, Any]]], out: Path, sft_steps: int) -> Path:
     """pass@1 against training steps per env: SFT from step 0, each RL run from where SFT
     ended; the bands are the 95% intervals."""
@@ -188,9 +244,13 @@ def plot(results: list[tuple[Stage, dict[str, Any]]], out: Path, sft_steps: int)
     envs = list(dict.fromkeys(stage.env for stage, _ in results))
     figure, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
     for panel, env in zip(axes[0], envs, strict=True):
+        sft_end = curve(Stage(env, "sft", ()).run_dir(out), env)[-1:]
         for stage, _ in (r for r in results if r[0].env == env):
             points = curve(stage.run_dir(out), env)
             offset = 0 if stage.name == "sft" else sft_steps
+            if stage.name != "sft" and points and points[0]["step"] != 0:
+                # not evaluated at its start (eval.before=false): it starts where SFT ended
+                points = [{**point, "step": 0} for point in sft_end] + points
             steps = [p["step"] + offset for p in points]
             panel.plot(steps, [p["eval_pass_at_1"] for p in points], marker="o", label=stage.name)
             panel.fill_between(
@@ -253,6 +313,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="steps between an RL run's evaluations (default: half its steps; 0: start and end)",
     )
+    parser.add_argument(
+        "--check-start",
+        action="store_true",
+        help="evaluate each RL run's start again (the SFT adapter, already scored by SFT)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/agentic-learning"))
     parser.add_argument(
@@ -271,7 +336,11 @@ def main(argv: list[str] | None = None) -> None:
             results.append((stage, run_stage(stage, args.out)))
         except RuntimeError as error:  # one env's failure leaves the others' results
             logger.error("%s", error)
-    Console().print(table(results))
+    console = Console()
+    console.print(table(results))
+    for env in dict.fromkeys(stage.env for stage, _ in results):
+        if env in FAMILY_ENVS:
+            console.print(family_table(results, args.out, env))
     logger.info("curves: %s", plot(results, args.out, args.sft_steps))
     if args.leaderboard:
         leaderboard(results, args.out, args.leaderboard, args.model)

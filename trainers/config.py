@@ -254,6 +254,10 @@ class EvalConfig:
     after the last; 0 turns evaluation off."""
     every: int = 0
     """Steps between evaluations; 0: only before and after."""
+    before: bool = True
+    """Evaluate the starting policy before the first step. False where it was evaluated
+    already on the same tasks (an RL run from an SFT run's final adapter, which that run
+    scored at its end): the run then reports no "before" of its own."""
     max_tokens: int | None = None
     """Tokens per turn while evaluating; None: each env's own."""
 

@@ -1,8 +1,8 @@
-"""Held-out evaluation during training: before the first step, every `eval.every` steps and
-after the last, each env of the run plays `eval.episodes` (or its own `eval_episodes`)
-held-out tasks (its kwargs with `eval_kwargs`, the test split by default) greedily, and
-each env's pass@1 (with its Wilson interval) and mean reward are logged per env and plotted
-(`eval.png`).
+"""Held-out evaluation during training: before the first step (unless `eval.before` is off),
+every `eval.every` steps and after the last, each env of the run plays `eval.episodes` (or
+its own `eval_episodes`) held-out tasks (its kwargs with `eval_kwargs`, the test split by
+default) greedily, and each env's pass@1 (with its Wilson interval) and mean reward are
+logged per env and plotted (`eval.png`).
 
 Evaluation episodes reach the policy through the proxy like every rollout, as side turns
 (`X-Turn-Type: side`) of sessions labelled `eval/<env>`: they are stored, so what was
@@ -182,11 +182,12 @@ class Evaluator:
         return scores
 
     def before_after(self) -> dict[str, dict[str, Any]]:
-        """Each env's first and last evaluation (the summary's before and after), and
-        pass@1 at every evaluation (`curve`: step, pass@1)."""
+        """Each env's evaluation before training (None with `eval.before` off) and its
+        last (the summary's before and after), and pass@1 at every evaluation (`curve`:
+        step, pass@1)."""
         return {
             name: {
-                "before": dataclasses.asdict(runs[0]),
+                "before": dataclasses.asdict(runs[0]) if runs[0].step == 0 else None,
                 "after": dataclasses.asdict(runs[-1]),
                 "curve": [(r.step, r.pass_at_1) for r in runs],
             }

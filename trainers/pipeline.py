@@ -175,7 +175,7 @@ class Pipeline:
                 or getattr(self.learner.model.config, "max_position_embeddings", None),
             )
         try:
-            if self.evaluator is None or not self.evaluator.started:
+            if self.config.eval.before and (self.evaluator is None or not self.evaluator.started):
                 self._evaluate()  # the before, which a resumed run took in its first process
             if self.warm_start:
                 self._warm_start()

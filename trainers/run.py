@@ -89,7 +89,8 @@ class RunSummary:
     """Per env, of this process: its episodes (count, reward, success rate, turns and
     tokens per episode, wall time, failed and truncated) and its turns trained and dropped."""
     held_out: dict[str, dict[str, Any]]
-    """Per env: its held-out score before and after training (with `eval.episodes`)."""
+    """Per env: its held-out score before (None with `eval.before` off) and after training
+    (with `eval.episodes`)."""
 
 
 def train(config: RunConfig, run_dir: Path) -> RunSummary:
@@ -389,6 +390,16 @@ class _live_progress:  # noqa: N801 (used as a context manager)
         self.bar.update(self.task, completed=len(p.steps), description=text)
 
 
+def _held_out(score: dict[str, Any] | None) -> str:
+    """One held-out evaluation as the summary shows it; '-' for a before not taken."""
+    if score is None:
+        return "- (eval.before off)"
+    return (
+        f"{score['pass_at_1']:.3f} [{score['low']:.3f}, {score['high']:.3f}] "
+        f"reward {score['reward']:.3f}"
+    )
+
+
 def _report(summary: RunSummary) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -402,10 +413,7 @@ def _report(summary: RunSummary) -> None:
                 before, after = scores["before"], scores["after"]
                 table.add_row(
                     f"held-out {name}",
-                    f"pass@1 {before['pass_at_1']:.3f} [{before['low']:.3f}, "
-                    f"{before['high']:.3f}] -> {after['pass_at_1']:.3f} [{after['low']:.3f}, "
-                    f"{after['high']:.3f}] (n={after['episodes']}), reward "
-                    f"{before['reward']:.3f} -> {after['reward']:.3f}",
+                    f"pass@1 {_held_out(before)} -> {_held_out(after)} (n={after['episodes']})",
                 )
                 if len(scores["curve"]) > 2:
                     table.add_row(

@@ -3,7 +3,10 @@
 import argparse
 from pathlib import Path
 
-from benchmarks.agentic_learning import rl_eval_every, stages
+from agents.store import Store
+from agents.trajectory import Session, SessionStatus, TurnType
+from benchmarks.agentic_learning import rl_eval_every, solved_by_family, stages, task_family
+from tests.agents.test_trajectory import make_turn
 
 
 def _args(**changes) -> argparse.Namespace:
@@ -18,6 +21,7 @@ def _args(**changes) -> argparse.Namespace:
         rl_lr=1e-4,
         eval_episodes=6,
         rl_eval_every=None,
+        check_start=False,
         seed=0,
         out=Path("out"),
     )
@@ -41,3 +45,43 @@ def test_rl_eval_every_zero_evaluates_at_start_and_end_only():
     assert rl_eval_every(_args(rl_eval_every=0)) == 0
     assert rl_eval_every(_args(rl_steps=1)) == 1
     assert "eval.every=0" in stages(_args(rl_eval_every=0))[1].overrides
+
+
+def test_rl_runs_leave_their_start_to_the_sft_runs_evaluation_unless_asked_to_check_it():
+    sft, binary, _ = stages(_args())
+    assert "eval.before=false" in binary.overrides
+    assert not any(o.startswith("eval.before") for o in sft.overrides)  # the base model's score
+    assert "eval.before=true" in stages(_args(check_start=True))[1].overrides
+
+
+def test_task_families_are_ids_less_source_and_number():
+    assert task_family("bfcl/live_multiple_7-3-2") == "live_multiple"
+    assert task_family("bfcl/irrelevance_104") == "irrelevance"
+    assert task_family("bfcl/simple_python_5") == "simple_python"
+
+
+def test_each_evaluation_is_counted_per_family_apart_by_the_version_that_played_it(tmp_path):
+    played = [  # (policy version, task, outcome); version 0 played first, then version 4
+        (0, "bfcl/irrelevance_1", 1.0),
+        (0, "bfcl/irrelevance_2", 1.0),
+        (0, "bfcl/simple_python_3", 0.0),
+        (4, "bfcl/irrelevance_1", 0.0),
+        (4, "bfcl/irrelevance_2", 1.0),
+        (4, "bfcl/simple_python_3", 1.0),
+    ]
+    with Store(tmp_path / "store.sqlite") as store:
+        for n, (version, task, outcome) in enumerate(played):
+            session = f"s{n}"
+            store.add_session(Session(session, "eval/toolcall", task_id=task))
+            store.add_turn(
+                make_turn(session_id=session, turn_type=TurnType.SIDE, policy_version=version)
+            )
+            store.finish_session(session, outcome, SessionStatus.DONE)
+        # a training episode of the same task is not an evaluation
+        store.add_session(Session("train", "toolcall", task_id="bfcl/irrelevance_1"))
+        store.add_turn(make_turn(session_id="train", policy_version=4))
+        store.finish_session("train", 1.0, SessionStatus.DONE)
+    assert solved_by_family(tmp_path, "toolcall") == [
+        {"irrelevance": (2, 2), "simple_python": (0, 1)},
+        {"irrelevance": (1, 2), "simple_python": (1, 1)},
+    ]

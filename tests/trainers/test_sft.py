@@ -53,6 +53,16 @@ def test_sft_on_reference_demonstrations_lowers_their_loss(tmp_path):
         assert {s.env_id for s in sessions} == {"arith"}
 
 
+def test_a_run_told_its_start_was_evaluated_elsewhere_evaluates_only_after_training(tmp_path):
+    run_dir = tmp_path / "no-before"
+    summary = train(run_dir, *SFT, "trainer.max_steps=2", "eval.episodes=2", "eval.before=false")
+    held_out = summary["held_out"]["arith"]
+    assert held_out["before"] is None
+    assert (held_out["after"]["step"], held_out["after"]["episodes"]) == (2, 2)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_pass_at_1" in r] == [2]
+
+
 def test_rl_from_an_sft_adapter_samples_its_first_rollouts_with_that_adapter(tmp_path):
     sft_dir = tmp_path / "sft"
     train(sft_dir, *SFT, "trainer.max_steps=3")
