@@ -40,6 +40,7 @@ from rich.table import Table
 
 from agents.store import Store
 from agents.trajectory import TurnType
+from envs.core import solved
 from trainers.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -207,9 +208,10 @@ def solved_by_family(run_dir: Path, env: str) -> list[dict[str, tuple[int, int]]
     for session_id, played in version.items():
         session = sessions[session_id]
         families = evaluations.setdefault(played, {})
-        solved, count = families.get(task_family(session.task_id), (0, 0))
-        success = session.outcome_reward is not None and session.outcome_reward >= 1.0
-        families[task_family(session.task_id)] = (solved + success, count + 1)
+        family = task_family(session.task_id or "")
+        successes, count = families.get(family, (0, 0))
+        success = session.outcome_reward is not None and solved(session.outcome_reward)
+        families[family] = (successes + success, count + 1)
     return [evaluations[v] for v in sorted(evaluations)]
 
 
@@ -229,7 +231,7 @@ def family_table(results: list[tuple[Stage, dict[str, Any]]], out: Path, env: st
         grid.add_column(name, justify="right")
     for family in sorted({f for column in columns.values() for f in column}):
         cells = [column.get(family, (0, 0)) for column in columns.values()]
-        grid.add_row(family, *(f"{solved}/{count}" for solved, count in cells))
+        grid.add_row(family, *(f"{won}/{count}" for won, count in cells))
     return grid
 
 
