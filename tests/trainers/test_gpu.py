@@ -1,6 +1,7 @@
 """The GPU path (marker `gpu`; skipped where torch sees no CUDA device): the learner trains
-on the GPU in bf16 with float32 adapter weights, a run on vLLM shares the GPU with it, and
-the Tinker server's training clients train there."""
+on the GPU in bf16 with float32 adapter weights, a run on vLLM shares the GPU with it, a run
+on the embedded engine trains its learner there, and the Tinker server's training clients
+train there."""
 
 import pytest
 import torch
@@ -37,6 +38,20 @@ def test_a_run_on_vllm_shares_the_gpu_with_the_learner(tmp_path):
     assert (summary["engine"], summary["steps"], summary["adapter_version"]) == ("vllm", 2, 2)
     print(
         f"log-prob gap on the GPU: mean {summary['logprob_gap']}, max {summary['logprob_gap_max']}"
+    )
+
+
+def test_a_run_on_the_embedded_engine_trains_its_learner_on_the_gpu(tmp_path):
+    """A GPU machine without vLLM: the embedded engine samples on the CPU in fp32 and the
+    learner trains on the GPU in bf16. `trainer.device=cuda` never falls back to the CPU,
+    so the run's two steps were the GPU's."""
+    summary = train(tmp_path / "run", "method=binary", "trainer.max_steps=2", "trainer.device=cuda")
+    assert (summary["engine"], summary["steps"], summary["adapter_version"]) == ("embedded", 2, 2)
+    assert summary["turns_trained"] >= 4 and summary["last_loss"] is not None
+    # fp32 sampler against a bf16 learner: the gap is bf16's rounding, reported, not bounded
+    print(
+        f"log-prob gap, CPU fp32 sampler vs GPU bf16 learner: mean {summary['logprob_gap']}, "
+        f"max {summary['logprob_gap_max']}"
     )
 
 
