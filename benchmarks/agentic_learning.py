@@ -41,7 +41,7 @@ from rich.table import Table
 from agents.store import Store
 from agents.trajectory import TurnType
 from envs.core import solved
-from trainers.metrics import read_metrics
+from trainers.metrics import read_metrics, step_rows
 
 logger = logging.getLogger(__name__)
 
@@ -157,17 +157,36 @@ def curve(run_dir: Path, env: str) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if r.get("env") == env and "eval_pass_at_1" in r]
 
 
+def wall_to_last_step(records: list[dict[str, Any]]) -> float:
+    """Seconds of wall time a run spent up to its last step, over every process that ran
+    it: each step row's `elapsed_s` counts from its own process's start, so a drop in it
+    marks a resumed process, and each process adds the elapsed time of its last step. A
+    run's final evaluation comes after its last step and is left out; a process's start
+    evaluation is counted in."""
+    total, previous = 0.0, 0.0
+    for row in step_rows(records):
+        elapsed = float(row["elapsed_s"])
+        if elapsed < previous:  # a new process
+            total += previous
+        previous = elapsed
+    return total + previous
+
+
 def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
     """One row per env and policy: base, SFT, and SFT + each RL method."""
-    grid = Table(title="held-out pass@1 (95% Wilson interval) and mean reward")
-    columns = ("env", "policy", "pass@1", "95% interval", "reward", "n", "steps", "train wall s")
+    grid = Table(
+        title="held-out pass@1 (95% Wilson interval) and mean reward",
+        caption="wall s: to the run's last step, over all its processes, final evaluation out",
+    )
+    columns = ("env", "policy", "pass@1", "95% interval", "reward", "n", "steps", "wall s")
     for column in columns:
         grid.add_column(column, justify="left" if column in ("env", "policy") else "right")
     for stage, summary in results:
         scores = summary["held_out"][stage.env]
         rows = [("base", scores["before"], 0, 0.0)] if stage.name == "sft" else []
         label = "SFT" if stage.name == "sft" else f"SFT + {stage.name}"
-        rows.append((label, scores["after"], summary["steps"], summary["wall_s"]))
+        wall = wall_to_last_step(read_metrics(Path(summary["run_dir"])))
+        rows.append((label, scores["after"], summary["steps"], wall))
         if stage.name != "sft" and scores["before"] is not None:  # --check-start
             rows.insert(0, ("  (its start: SFT)", scores["before"], 0, 0.0))
         for policy, score, steps, wall in rows:

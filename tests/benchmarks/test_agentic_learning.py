@@ -5,7 +5,13 @@ from pathlib import Path
 
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, TurnType
-from benchmarks.agentic_learning import rl_eval_every, solved_by_family, stages, task_family
+from benchmarks.agentic_learning import (
+    rl_eval_every,
+    solved_by_family,
+    stages,
+    task_family,
+    wall_to_last_step,
+)
 from tests.agents.test_trajectory import make_turn
 
 
@@ -52,6 +58,22 @@ def test_rl_runs_leave_their_start_to_the_sft_runs_evaluation_unless_asked_to_ch
     assert "eval.before=false" in binary.overrides
     assert not any(o.startswith("eval.before") for o in sft.overrides)  # the base model's score
     assert "eval.before=true" in stages(_args(check_start=True))[1].overrides
+
+
+def test_wall_to_last_step_adds_each_process_up_to_its_last_step():
+    # a first process stopped after step 2 (at 300 s), a resumed one ran steps 3 and 4
+    # (elapsed from its own start); env and evaluation rows carry no elapsed time
+    records = [
+        {"step": 1, "elapsed_s": 120.0, "seconds": 30.0},
+        {"step": 1, "env": "toolcall", "episodes": 8},
+        {"step": 2, "elapsed_s": 300.0, "seconds": 40.0},
+        {"step": 3, "elapsed_s": 50.0, "seconds": 20.0},
+        {"step": 4, "elapsed_s": 95.5, "seconds": 20.0},
+        {"step": 4, "env": "toolcall", "eval_pass_at_1": 0.5},
+    ]
+    assert wall_to_last_step(records) == 300.0 + 95.5
+    assert wall_to_last_step(records[:3]) == 300.0
+    assert wall_to_last_step([]) == 0.0
 
 
 def test_task_families_are_ids_less_source_and_number():
