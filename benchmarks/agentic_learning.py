@@ -215,19 +215,24 @@ def task_family(task_id: str) -> str:
 
 def solved_by_family(run_dir: Path, env: str) -> list[dict[str, tuple[int, int]]]:
     """Each held-out evaluation of `env` stored in the run (in the order played): per task
-    family, (solved, played). An evaluation is told apart by the policy version that played it."""
+    family, (solved, played). An evaluation is told apart by the policy version that played
+    it; a task it played twice (a stopped run replays its last evaluation when resumed)
+    counts its last play."""
     with Store(run_dir / "store.sqlite") as store:
-        sessions = {s.session_id: s for s in store.sessions() if s.env_id == f"eval/{env}"}
+        sessions = [s for s in store.sessions() if s.env_id == f"eval/{env}"]  # as created
+        ids = {s.session_id for s in sessions}
         version = {
             turn.session_id: turn.policy_version
             for _, turn in store.turns(turn_type=TurnType.SIDE)
-            if turn.session_id in sessions
+            if turn.session_id in ids
         }
+    last_play = {
+        (version[s.session_id], s.task_id or ""): s for s in sessions if s.session_id in version
+    }
     evaluations: dict[int, dict[str, tuple[int, int]]] = {}
-    for session_id, played in version.items():
-        session = sessions[session_id]
+    for (played, task_id), session in last_play.items():
         families = evaluations.setdefault(played, {})
-        family = task_family(session.task_id or "")
+        family = task_family(task_id)
         successes, count = families.get(family, (0, 0))
         success = session.outcome_reward is not None and solved(session.outcome_reward)
         families[family] = (successes + success, count + 1)

@@ -82,7 +82,7 @@ def test_task_families_are_ids_less_source_and_number():
     assert task_family("bfcl/simple_python_5") == "simple_python"
 
 
-def test_each_evaluation_is_counted_per_family_apart_by_the_version_that_played_it(tmp_path):
+def test_each_evaluation_is_counted_per_family_apart_by_the_version_that_played_it_once(tmp_path):
     played = [  # (policy version, task, outcome); version 0 played first, then version 4
         (0, "bfcl/irrelevance_1", 1.0),
         (0, "bfcl/irrelevance_2", 1.0),
@@ -90,6 +90,10 @@ def test_each_evaluation_is_counted_per_family_apart_by_the_version_that_played_
         (4, "bfcl/irrelevance_1", 0.0),
         (4, "bfcl/irrelevance_2", 1.0),
         (4, "bfcl/simple_python_3", 1.0),
+        # the run stopped during version 4's evaluation and, resumed, played it again:
+        # each task counts its last play once
+        (4, "bfcl/irrelevance_1", 1.0),
+        (4, "bfcl/simple_python_3", 0.0),
     ]
     with Store(tmp_path / "store.sqlite") as store:
         for n, (version, task, outcome) in enumerate(played):
@@ -105,5 +109,5 @@ def test_each_evaluation_is_counted_per_family_apart_by_the_version_that_played_
         store.finish_session("train", 1.0, SessionStatus.DONE)
     assert solved_by_family(tmp_path, "toolcall") == [
         {"irrelevance": (2, 2), "simple_python": (0, 1)},
-        {"irrelevance": (1, 2), "simple_python": (1, 1)},
+        {"irrelevance": (2, 2), "simple_python": (0, 1)},
     ]
