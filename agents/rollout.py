@@ -97,6 +97,22 @@ class EpisodeSummary:
     """Why the episode ended early (`CONTEXT`, a refused request, a failed environment), or
     None when the environment ended it."""
 
+    @classmethod
+    def of(cls, session: Session) -> EpisodeSummary:
+        """The summary of an episode stored in full (`Store.session`, its turns with it)."""
+        reason = session.metadata.get("end_reason")
+        return cls(
+            session.session_id,
+            session.task_id or "",
+            session.outcome_reward or 0.0,
+            len(session.turns),
+            sum(len(t.prompt_token_ids) for t in session.turns),
+            sum(len(t.completion_token_ids) for t in session.turns),
+            reason == TERMINATED,
+            status=session.status,
+            error=None if session.status == SessionStatus.DONE else reason,
+        )
+
 
 class Seat(Protocol):
     """The policy's side of an episode: opens its session, answers each turn, ends it."""

@@ -8,7 +8,10 @@ Evaluation episodes reach the policy through the proxy like every rollout, as si
 (`X-Turn-Type: side`) of sessions labelled `eval/<env>`: they are stored, so what was
 evaluated can be read back, but never judged or trained. A resumed run reads its earlier
 evaluations back from metrics.jsonl: its "before" is its first process's, and no step is
-evaluated twice.
+evaluated twice. An evaluation that a stopped run left half played takes back, from the
+store, the episodes that the same policy version played to their end, and plays only the
+rest: a version's weights are checkpointed before it is served, so the same version is the
+same policy.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import gymnasium as gym
 from agents.compose import sampling_params
 from agents.config import EnvConfig, SamplingConfig
 from agents.rollout import EpisodeSummary, Seat, run_episode
+from agents.store import Store
 from agents.trajectory import SessionStatus
 from envs.core import solved
 from trainers.config import EvalConfig
@@ -106,6 +110,8 @@ class Evaluator:
         sampling: the run's sampling (temperature is set to 0 here).
         metrics: where each evaluation's rows go.
         run_dir: where `eval.png` is drawn.
+        store: the run's store, where an evaluation stopped halfway finds the episodes it
+            already played (None: every evaluation plays all its episodes).
     """
 
     def __init__(
@@ -117,8 +123,10 @@ class Evaluator:
         sampling: SamplingConfig,
         metrics: MetricsWriter | None,
         run_dir: Path,
+        store: Store | None = None,
     ):
         self.config, self.seat, self.metrics, self.run_dir = config, seat, metrics, Path(run_dir)
+        self.store = store
         self.sampling = dataclasses.replace(sampling, temperature=0.0)
         self.episodes = {
             name: config.episodes if env.eval_episodes is None else env.eval_episodes
@@ -154,11 +162,12 @@ class Evaluator:
             if row.get("env") in self.history and "eval_pass_at_1" in row:
                 self.history[row["env"]].append(score_of(row))
 
-    def evaluate(self, step: int) -> dict[str, EvalScore]:
+    def evaluate(self, step: int, version: int | None = None) -> dict[str, EvalScore]:
         """Plays the held-out tasks of every env not yet evaluated at `step` with the
-        policy as it is after `step` steps; returns their scores."""
+        policy as it is after `step` steps, served as policy version `version` (None: not
+        known, and nothing is taken back from the store); returns their scores."""
         scores = {
-            name: self._evaluate_env(name, step)
+            name: self._evaluate_env(name, step, version)
             for name in self.makers
             if all(run.step != step for run in self.history[name])
         }
@@ -195,14 +204,51 @@ class Evaluator:
             if runs
         }
 
-    def _evaluate_env(self, name: str, step: int) -> EvalScore:
-        make = self.makers[name]
-        probe = make()
+    def held_out_tasks(self, name: str) -> list[str]:
+        """The task ids env `name` plays at every evaluation, in order."""
+        probe = self.makers[name]()
         try:
             every_id = sorted(probe.unwrapped.task_ids())  # type: ignore[attr-defined]
-            task_ids = evenly_spaced(every_id, self.episodes[name])
         finally:
             probe.close()
+        return evenly_spaced(every_id, self.episodes[name])
+
+    def played(
+        self, name: str, version: int | None, task_ids: Sequence[str]
+    ) -> dict[str, EpisodeSummary]:
+        """The evaluation episodes of env `name` on `task_ids` that policy version `version`
+        played to their end (done or truncated; a failed one is played again), as
+        `EpisodeSummary`s by task id, the last of each."""
+        if self.store is None or version is None:
+            return {}
+        wanted = set(task_ids)
+        ended = (SessionStatus.DONE, SessionStatus.TRUNCATED)
+        found: dict[str, EpisodeSummary] = {}
+        for stored in self.store.sessions():  # oldest first: a task's last play is kept
+            if stored.env_id != f"eval/{name}" or stored.task_id not in wanted:
+                continue
+            if stored.status not in ended:
+                continue
+            session = self.store.session(stored.session_id)
+            if session.turns and all(t.policy_version == version for t in session.turns):
+                found[stored.task_id] = EpisodeSummary.of(session)
+        return found
+
+    def _evaluate_env(self, name: str, step: int, version: int | None) -> EvalScore:
+        make = self.makers[name]
+        task_ids = self.held_out_tasks(name)
+        taken_back = self.played(name, version, task_ids)
+        if taken_back:
+            logger.info(
+                "eval at step %d, %s: %d of %d episodes were played by policy version %s "
+                "before the run stopped; playing the other %d",
+                step,
+                name,
+                len(taken_back),
+                len(task_ids),
+                version,
+                len(task_ids) - len(taken_back),
+            )
         sampling = sampling_params(self.sampling, EVAL_SEED)
         max_tokens = self.config.max_tokens or self.max_tokens[name]
         if max_tokens is not None:
@@ -222,9 +268,10 @@ class Evaluator:
             finally:
                 env.close()
 
-        with ThreadPoolExecutor(min(_MAX_PARALLEL, len(task_ids)) or 1, f"eval-{name}") as pool:
-            summaries = list(pool.map(play, task_ids))
-        return score(step, summaries)
+        remaining = [t for t in task_ids if t not in taken_back]
+        with ThreadPoolExecutor(min(_MAX_PARALLEL, len(remaining)) or 1, f"eval-{name}") as pool:
+            played = dict(zip(remaining, pool.map(play, remaining), strict=True))
+        return score(step, [taken_back.get(t) or played[t] for t in task_ids])
 
     def _plot(self) -> None:
         """Draws every env's pass@1 (with its interval) against the step, to eval.png."""

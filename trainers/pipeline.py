@@ -258,7 +258,7 @@ class Pipeline:
 
     def _evaluate(self) -> None:
         if self.evaluator is not None and self.evaluator.enabled:
-            self.evaluator.evaluate(self.learner.step_count)
+            self.evaluator.evaluate(self.learner.step_count, self.learner.version)
 
     def _loop(self, name: str, body: Callable[[threading.Event], None]) -> threading.Thread:
         """A loop's thread: an error in it stops every loop and is raised by `run`."""

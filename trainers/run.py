@@ -158,6 +158,7 @@ def _train(config: RunConfig, run_dir: Path) -> RunSummary:
                 config.sampling,
                 metrics,
                 run_dir,
+                store,
             )
             pipeline = Pipeline(
                 config,

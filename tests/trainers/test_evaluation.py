@@ -7,8 +7,10 @@ import pytest
 
 from agents.compose import env_factory
 from agents.config import EnvConfig, SamplingConfig
-from agents.rollout import EpisodeSummary
-from agents.trajectory import SessionStatus
+from agents.rollout import TERMINATED, EpisodeSummary
+from agents.store import Store
+from agents.trajectory import Session, SessionStatus, TurnType
+from tests.agents.test_trajectory import make_turn
 from trainers import evaluation
 from trainers.config import EvalConfig
 from trainers.evaluation import EvalScore, Evaluator, eval_row, score_of
@@ -100,3 +102,63 @@ def test_an_env_sets_its_own_number_of_held_out_episodes(tmp_path):
         tmp_path,
     )
     assert not only_none.enabled
+
+
+def store_episode(store, n, env_id, task, version, reward, status=SessionStatus.DONE):
+    """An ended two-turn episode of `task`, played by policy version `version`."""
+    session = f"s{n}"
+    store.add_session(Session(session, env_id, task_id=task))
+    for index in (0, 1):
+        store.add_turn(
+            make_turn(
+                session_id=session, index=index, turn_type=TurnType.SIDE, policy_version=version
+            )
+        )
+    reason = TERMINATED if status == SessionStatus.DONE else "the environment failed: boom"
+    store.finish_session(session, reward, status, reason)
+
+
+def test_an_evaluation_stopped_halfway_plays_only_the_episodes_its_version_did_not_finish(
+    tmp_path,
+):
+    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
+    store = Store(tmp_path / "store.sqlite")
+
+    def evaluator():
+        return Evaluator(
+            EvalConfig(episodes=3),
+            {"arith": arith},
+            env_factory,
+            Tripwire(),
+            SamplingConfig(max_tokens=4),
+            None,
+            tmp_path,
+            store,
+        )
+
+    tasks = evaluator().held_out_tasks("arith")
+    assert len(tasks) == 3
+    played = [  # (env id, task, policy version, reward, status), oldest first
+        ("eval/arith", tasks[0], 4, 0.0, SessionStatus.DONE),  # the evaluation before
+        ("eval/arith", tasks[0], 5, 1.0, SessionStatus.DONE),
+        ("eval/arith", tasks[1], 5, 1.0, SessionStatus.FAILED),  # broken off: played again
+        ("arith", tasks[2], 5, 1.0, SessionStatus.DONE),  # a training episode
+    ]
+    for n, episode_of in enumerate(played):
+        store_episode(store, n, *episode_of)
+    with pytest.raises(Reached):  # tasks 1 and 2 have no finished episode of version 5
+        evaluator().evaluate(3, version=5)
+    store_episode(store, 10, "eval/arith", tasks[1], 5, 0.0)
+    store_episode(store, 11, "eval/arith", tasks[2], 5, 1.0, SessionStatus.TRUNCATED)
+    with pytest.raises(Reached):  # a version not known takes nothing back
+        evaluator().evaluate(3)
+    # every task has an ended episode of version 5 now: nothing is played
+    held_out = evaluator().evaluate(3, version=5)["arith"]
+    assert (held_out.episodes, held_out.successes, held_out.failed) == (3, 2, 0)
+    assert held_out.reward == pytest.approx(2 / 3)
+    taken = evaluator().played("arith", 5, tasks)
+    assert [taken[t].session_id for t in tasks] == ["s1", "s10", "s11"]
+    assert (taken[tasks[0]].turns, taken[tasks[0]].completion_tokens) == (2, 4)
+    assert taken[tasks[0]].terminated and taken[tasks[2]].status == SessionStatus.TRUNCATED
+    assert evaluator().played("arith", 6, tasks) == {}
+    store.close()
