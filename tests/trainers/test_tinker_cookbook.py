@@ -191,8 +191,9 @@ def test_rl_train_main_runs_two_iterations(server, cookbook_env, tmp_path):
     rows = [row for row in _rows(tmp_path / "rl" / "metrics.jsonl") if "grad_norm:mean" in row]
     assert [row["step"] for row in rows] == [0, 1]
     for row in rows:
-        # 2 groups x 4 samples x max_tokens 8, each sampled by the server
-        assert row["env/all/total_ac_tokens"] == 64
+        # 2 groups x 4 samples, each sampled by the server: 1 to max_tokens (8) tokens each,
+        # since the random tiny model samples its stop token early now and then (CI: 59)
+        assert 8 <= row["env/all/total_ac_tokens"] <= 64
         assert 0 <= row["env/all/reward/total"] <= 1
         # the group's samples differ, so advantages and the gradient are non-zero
         assert math.isfinite(row["grad_norm:mean"]) and row["grad_norm:mean"] > 0
