@@ -64,7 +64,11 @@ def test_each_method_trains_two_steps_on_vllm_and_matches_its_logprobs(tmp_path,
 
 def test_a_vllm_killed_mid_run_stops_it_clearly_and_the_same_command_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    victim = train(run_dir, *VLLM, "method=binary", "trainer.max_steps=3", wait=False)
+    # More steps than the turns judged ahead (two batches) can feed: at the kill, the run
+    # still needs turns vLLM has to sample. With 3 steps, the two batches ahead and their
+    # publishes could finish between the first checkpoint and the kill, and the run with them.
+    steps = "trainer.max_steps=8"
+    victim = train(run_dir, *VLLM, "method=binary", steps, wait=False)
     deadline = time.monotonic() + 600
     while not (run_dir / "checkpoints" / "latest" / "state.json").exists():
         assert victim.poll() is None, victim.stderr.read()[-3000:]
@@ -78,10 +82,10 @@ def test_a_vllm_killed_mid_run_stops_it_clearly_and_the_same_command_resumes(tmp
     with Store(run_dir / "store.sqlite") as store:
         before = {seq for seq, _ in store.turns()}
 
-    summary = train(run_dir, *VLLM, "method=binary", "trainer.max_steps=3")
+    summary = train(run_dir, *VLLM, "method=binary", steps)
     state = json.loads((run_dir / "checkpoints" / "latest" / "state.json").read_text())
     ledger = [seq for step in state["ledger"] for seq in step]
-    assert state["step"] == summary["adapter_version"] == 3 and len(state["ledger"]) == 3
+    assert state["step"] == summary["adapter_version"] == 8 and len(state["ledger"]) == 8
     assert len(ledger) == len(set(ledger)), "a turn was trained twice"
     with Store(run_dir / "store.sqlite") as store:
         statuses = {seq: turn.status for seq, turn in store.turns()}
