@@ -82,6 +82,7 @@ def build_engine(
             threads=engine.threads,
             max_batch=engine.max_batch,
             context_length=engine.context_length,
+            prefix_cache_tokens=engine.prefix_cache_tokens,
         )
     if engine.backend == "vllm":
         from agents.engines.vllm import VLLMEngine

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINE_BACKENDS = ("embedded", "vllm", "remote")
+PREFIX_CACHE_TOKENS = 16384
+"""The embedded engine's default prefix-cache bound: 720 MiB of SmolLM2-135M's fp32 KV."""
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every projection of a decoder layer: the modules LoRA targets by default."""
 
@@ -39,6 +41,10 @@ class EngineConfig:
     with `trainer.overlap=false` both take every core."""
     max_batch: int = 32
     """embedded: most sequences decoded together."""
+    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS
+    """embedded: most tokens whose KV is kept for prompts that start with them (a session's
+    next turn, a shared system prompt), least recently used dropped first; 0 turns it off.
+    A token's KV is 45 KiB on SmolLM2-135M in fp32 (30 layers x K,V x 3 heads x 64 x 4 B)."""
     context_length: int | None = None
     """Longest prompt + completion in tokens; None: the model's own (embedded), 4096 (vllm)."""
     max_loras: int = 2
@@ -174,6 +180,11 @@ def validate_engine(engine: EngineConfig) -> None:
         )
     if engine.backend == "remote" and not engine.base_url:
         raise ValueError("engine=remote needs engine.base_url=http://HOST:PORT/v1")
+    if engine.prefix_cache_tokens < 0:
+        raise ValueError(
+            f"engine.prefix_cache_tokens must be >= 0 (0 turns prefix reuse off), got "
+            f"{engine.prefix_cache_tokens}"
+        )
     usage = engine.gpu_memory_utilization
     if usage is not None and not 0 < usage < 1:
         raise ValueError(f"engine.gpu_memory_utilization must be in (0, 1), got {usage}")

@@ -6,10 +6,22 @@ row's logits are those it would get alone (to float rounding). A step feeds ever
 row the token it sampled last: one forward pass over the whole batch. Requests that
 arrive meanwhile are prefilled together in one forward pass, then their cache rows are
 left-padded to the batch's length and concatenated onto it; finished or cancelled rows are
-dropped with `index_select` and columns that are padding in every row are trimmed. The
-cache is copied only when rows join or leave, never on a plain step. (Per-sequence caches
-would have to be stacked, i.e. copied, every step; transformers' `generate` cannot admit a
-request while others run.)
+dropped and columns that are padding in every row are trimmed. The cache is copied only
+when rows join or leave, never on a plain step: a step writes its column into spare columns
+of the cache's buffers (`agents.engines.kv_layout`). (Per-sequence caches would have to be
+stacked, i.e. copied, every step; transformers' `generate` cannot admit a request while
+others run.)
+
+Prefix reuse: a request's prompt is prefilled only from where the longest prefix of it that
+the engine computed before ends (`agents.engines.prefix_cache`: earlier prompts, and earlier
+requests' prompt + completion, so a session's next turn reuses its previous turn whole; at
+least the prompt's last token is computed, for its logits). That prefix's KV is copied into
+the new rows, left-padded; the rest of each prompt is left-padded after it, so a row reads
+[padding, prefix, padding, rest]: the mask hides both paddings and each row gets the logits
+it would get alone. A prompt's KV is offered to the cache after its prefill, and a finished
+sequence's after its last step. Entries are keyed by the adapter slot and version that
+computed them (the base model is `(None, 0)`): a newer policy version never reads an older
+one's, and entries of versions no request can bind any more are dropped at the next prefill.
 
 Adapters: peft's mixed-batch LoRA (`adapter_names=`, one per row, `"__base__"` for the
 adapter switched off) lets base and policy rows, and rows of an older and a newer policy
@@ -39,17 +51,19 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache
 
 from agents.engines.base import SamplingParams
+from agents.engines.kv_layout import concat_rows, row_kv, select_rows, with_prefixes
 from agents.engines.lora_slots import AdapterFiles, Slot, read_adapter
+from agents.engines.prefix_cache import Key, PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +97,8 @@ class Request:
     """Where its tokens, then `END` (or an exception), are put: a queue for a caller that
     blocks, an `agents.engines.aio.LoopSink` for one on an event loop."""
     generator: torch.Generator | None = None
+    cached: int = 0
+    """Prompt tokens whose KV came from the prefix cache, not from its prefill."""
     ids: list[int] = field(default_factory=list)
     cancelled: bool = False
     retired: bool = False
@@ -105,9 +121,9 @@ class Request:
 @dataclass
 class _Batch:
     rows: list[Request]
-    cache: DynamicCache
+    cache: Cache
     mask: torch.Tensor
-    """(rows, columns): 1 for a real token, 0 for left padding."""
+    """(rows, columns): 1 for a real token, 0 for padding."""
     last: list[int]
     """Each row's latest sampled token, fed at the next step."""
 
@@ -120,14 +136,26 @@ class Scheduler:
         eos_ids: token ids that end a sequence.
         max_batch: most sequences decoded together.
         threads: torch CPU threads of the scheduler thread (None: torch's default).
+        prefix_tokens: most tokens whose KV the prefix cache holds (0: no prefix reuse).
     """
 
     def __init__(
-        self, model: Any, eos_ids: set[int], max_batch: int = 32, threads: int | None = None
+        self,
+        model: Any,
+        eos_ids: set[int],
+        max_batch: int = 32,
+        threads: int | None = None,
+        prefix_tokens: int = 0,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model, self.eos_ids, self.max_batch, self.threads = model, eos_ids, max_batch, threads
+        self.prefixes = PrefixCache(prefix_tokens)
+        """Scheduler thread only."""
+        self.prompt_tokens = 0
+        """Prompt tokens of every request prefilled so far."""
+        self.cached_tokens = 0
+        """Of those, the tokens whose KV the prefix cache gave (never computed again)."""
         self.peft: Any = None
         self._lora_on: bool | None = None
         """Whether peft's LoRA layers are switched on; None: unknown (after peft changed
@@ -294,14 +322,26 @@ class Scheduler:
             self._fail(requests, error)
 
     def _prefill(self, requests: list[Request]) -> None:
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.tensor([[0] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
-        mask = torch.tensor(
-            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
-        )
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logprobs, cache = self._forward(requests, ids, mask, positions, DynamicCache())
+        """Prefills each prompt after the longest prefix of it the prefix cache holds
+        (all but its last token at most: those logits are needed)."""
+        self.prefixes.retain(self._live_keys())
+        pieces = []
+        for request in requests:
+            key = (request.adapter, request.version)
+            request.cached, held = self.prefixes.match(key, request.prompt_ids[:-1])
+            pieces.append(held)
+        past = max(r.cached for r in requests)
+        width = max(len(r.prompt_ids) - r.cached for r in requests)
+        rows = [_Layout(r.prompt_ids, r.cached, past, width) for r in requests]
+        ids = torch.tensor([row.ids for row in rows])
+        mask = torch.tensor([row.mask for row in rows])
+        positions = torch.tensor([row.positions for row in rows])
+        cache = with_prefixes(pieces, width)
+        logprobs, cache = self._forward(requests, ids, mask, positions, cache)
+        self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
+        self.cached_tokens += sum(r.cached for r in requests)
         fresh = _Batch(requests, cache, mask, [])
+        self._remember(fresh, range(len(requests)))
         done = self._sample(fresh, logprobs)
         self._retire([r for r, d in zip(requests, done, strict=True) if d])
         self._batch = _merge(self._batch, _drop(fresh, done))
@@ -321,6 +361,9 @@ class Scheduler:
         done = self._sample(batch, logprobs)
         self._retire([r for r, d in zip(batch.rows, done, strict=True) if d])
         self._batch = _drop(batch, done)
+        # after the drop (their callers already have their last token): `batch` still holds
+        # the finished rows' KV
+        self._remember(batch, [row for row, finished in enumerate(done) if finished])
 
     def _forward(
         self,
@@ -328,8 +371,8 @@ class Scheduler:
         ids: torch.Tensor,
         mask: torch.Tensor,
         positions: torch.Tensor,
-        cache: DynamicCache,
-    ) -> tuple[torch.Tensor, DynamicCache]:
+        cache: Cache,
+    ) -> tuple[torch.Tensor, Cache]:
         """Raw log-probs (log-softmax at temperature 1) of each row's next token."""
         model, extra = self.lora_model([r.adapter for r in rows])
         try:
@@ -347,6 +390,35 @@ class Scheduler:
                 _drop_row_hooks(model)
             raise
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.past_key_values
+
+    def _live_keys(self) -> set[Key]:
+        """Prefix-cache keys a request can still bind: the base model and the policy now."""
+        return {(None, 0), self.policy}
+
+    def _remember(self, batch: _Batch, rows: Iterable[int]) -> None:
+        """Offers the KV of these rows' tokens so far (prompt, then each token fed back) to
+        the prefix cache; rows of versions no new request binds are not kept. A failure
+        here costs later prompts their reuse, never a request."""
+        if not self.prefixes.max_tokens:
+            return
+        live = self._live_keys()
+        for row in rows:
+            request = batch.rows[row]
+            if (request.adapter, request.version) in live:
+                try:
+                    self._remember_row(batch, row)
+                except Exception:
+                    logger.exception("keeping a sequence's KV in the prefix cache failed")
+
+    def _remember_row(self, batch: _Batch, row: int) -> None:
+        request = batch.rows[row]
+        columns = batch.mask[row].nonzero()[:, 0]  # its tokens' columns, in order
+        tokens = (request.prompt_ids + request.ids)[: len(columns)]
+        self.prefixes.insert(
+            (request.adapter, request.version),
+            tokens,
+            lambda start: row_kv(batch.cache, row, columns[start:]),
+        )
 
     def lora_model(self, adapters: list[str | None]) -> tuple[Any, dict[str, Any]]:
         """The model to call for rows on these adapters (None: the base model), and the
@@ -534,6 +606,34 @@ def _drop_row_hooks(peft: Any) -> None:
                 module._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """One row of a prefill: `past` columns of reused prefixes, where this row's `cached`
+    tokens end, then `width` columns, where the rest of its prompt ends."""
+
+    prompt: list[int]
+    cached: int
+    past: int
+    width: int
+
+    @property
+    def ids(self) -> list[int]:
+        rest = self.prompt[self.cached :]
+        return [0] * (self.width - len(rest)) + rest
+
+    @property
+    def mask(self) -> list[int]:
+        rest = len(self.prompt) - self.cached
+        gaps = (self.past - self.cached, self.width - rest)
+        return [0] * gaps[0] + [1] * self.cached + [0] * gaps[1] + [1] * rest
+
+    @property
+    def positions(self) -> list[int]:
+        return [0] * (self.width - len(self.prompt) + self.cached) + list(
+            range(self.cached, len(self.prompt))
+        )
+
+
 def _drop(batch: _Batch, gone: list[bool]) -> _Batch | None:
     """The batch without the rows flagged `gone`, trimmed of all-padding columns."""
     if not any(gone):
@@ -541,12 +641,10 @@ def _drop(batch: _Batch, gone: list[bool]) -> _Batch | None:
     keep = [i for i, g in enumerate(gone) if not g]
     if not keep:
         return None
-    index = torch.tensor(keep)
-    mask = batch.mask[index]
+    mask = batch.mask[torch.tensor(keep)]
     start = int(mask.any(0).nonzero()[0])
-    layers = [(k[index, :, start:], v[index, :, start:]) for k, v in _layers(batch.cache)]
     rows, last = [batch.rows[i] for i in keep], [batch.last[i] for i in keep]
-    return _Batch(rows, _cache(layers), mask[:, start:], last)
+    return _Batch(rows, select_rows(batch.cache, keep, start), mask[:, start:], last)
 
 
 def _merge(batch: _Batch | None, fresh: _Batch | None) -> _Batch | None:
@@ -554,33 +652,14 @@ def _merge(batch: _Batch | None, fresh: _Batch | None) -> _Batch | None:
     if batch is None or fresh is None:
         return batch or fresh
     width = max(batch.mask.shape[1], fresh.mask.shape[1])
-    layers = [
-        (
-            torch.cat([_pad(k1, width), _pad(k2, width)]),
-            torch.cat([_pad(v1, width), _pad(v2, width)]),
-        )
-        for (k1, v1), (k2, v2) in zip(_layers(batch.cache), _layers(fresh.cache), strict=True)
-    ]
     mask = torch.cat(
         [
             F.pad(batch.mask, (width - batch.mask.shape[1], 0)),
             F.pad(fresh.mask, (width - fresh.mask.shape[1], 0)),
         ]
     )
-    return _Batch(batch.rows + fresh.rows, _cache(layers), mask, batch.last + fresh.last)
-
-
-def _pad(states: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pads (batch, heads, columns, dim) cache states to `width` columns."""
-    return F.pad(states, (0, 0, width - states.shape[2], 0))
-
-
-def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    return DynamicCache(ddp_cache_data=layers)
+    cache = concat_rows(batch.cache, fresh.cache)
+    return _Batch(batch.rows + fresh.rows, cache, mask, batch.last + fresh.last)
 
 
 def pick(

@@ -3,9 +3,13 @@
 One copy of the weights serves the policy (through the LoRA adapter, once one is loaded)
 and the self-judge / teacher (`adapter=None`, the adapter switched off). Concurrent
 requests are batched together by `agents.engines.batching.Scheduler` (continuous batching
-on one thread, base and policy rows in the same forward pass); its docstring says how and
-why. An adapter swap is atomic: a request runs start to finish on the version it began with;
-publishing copies the new weights into a preallocated slot (`agents.engines.lora_slots`).
+on one thread, base and policy rows in the same forward pass, prompts prefilled after the
+longest prefix whose KV it already holds); its docstring says how and why. An adapter
+swap is atomic: a request runs start to finish on the version it began with; publishing
+copies the new weights into a preallocated slot (`agents.engines.lora_slots`).
+
+Attention is transformers' sdpa without its copy of grouped KV heads at each step
+(`agents.engines.attention`).
 
 Log-probs are the model's raw ones (log-softmax of the logits at temperature 1, before
 temperature and top-p), as vLLM reports them by default, so that the learner's recomputed
@@ -27,7 +31,9 @@ from typing import Any
 import torch
 
 from agents import models
+from agents.config import PREFIX_CACHE_TOKENS
 from agents.engines.aio import LoopSink
+from agents.engines.attention import use_grouped_sdpa
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -56,6 +62,8 @@ class EmbeddedEngine:
             `max_position_embeddings`. Longer runs a RoPE model on positions it was never
             trained on: only for test models such as `tiny`, to serve long-prompt clients
             (OpenClaw's prompt is over 14k tokens).
+        prefix_cache_tokens: most tokens whose KV is kept for later prompts that start with
+            them (0: every prompt is prefilled whole).
     """
 
     def __init__(
@@ -64,6 +72,7 @@ class EmbeddedEngine:
         threads: int | None = None,
         max_batch: int = 32,
         context_length: int | None = None,
+        prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
     ):
         if threads is not None:
             torch.set_num_threads(threads)
@@ -71,13 +80,20 @@ class EmbeddedEngine:
             raise ValueError(f"context_length must be at least 2, got {context_length}")
         self.model_name = model
         self.model, self.tokenizer = models.load(model)
+        use_grouped_sdpa(self.model)  # no copy of the KV cache per decode step
         self.context_length = context_length or int(self.model.config.max_position_embeddings)
         self._char_bound = char_bound(self.tokenizer)
-        self._scheduler = Scheduler(self.model, self._eos_ids(), max_batch, threads)
+        self._scheduler = Scheduler(
+            self.model, self._eos_ids(), max_batch, threads, prefix_cache_tokens
+        )
 
     @property
     def policy_version(self) -> int:
         return self._scheduler.policy[1]
+
+    def prefill_counts(self) -> tuple[int, int]:
+        """(prompt tokens prefilled so far, those of them whose KV the prefix cache gave)."""
+        return self._scheduler.prompt_tokens, self._scheduler.cached_tokens
 
     @property
     def _peft(self) -> Any:

@@ -2,18 +2,22 @@
 played with 1, 4 and 8 task groups in flight, each against 1 in flight in the same run.
 
     .venv/bin/python -m benchmarks.perf.rollout [--engine embedded,vllm]
+        [--models tiny,smollm2-135m] [--prefix-cache-tokens 0 16384]
         [--envs chat,arith,terminal] [--in-flight 1 4 8] [--seconds 60] [--warmup 10]
         [--rounds 1] [--max-tokens 16] [--max-batch 32] [--threads 1] [--vllm-cpus 0,1]
         [--seed 0] [--out FILE.json] [hydra overrides ...]
 
-The rollout side of a training run, without the trainer: the `tiny` model served behind the
-real proxy (`agents.compose.serve_policy`, a free loopback port, a store in a temporary
-directory), reached through a `ProxySeat`; `trainers.rollouts.RolloutLoop` plays groups of
-the mixture with `has_room` always true. `--engine` picks what serves the model, one or
-several, comma-separated (one after the other, a table each):
+The rollout side of a training run, without the trainer: each of `--models` (default
+`tiny`) served behind the real proxy (`agents.compose.serve_policy`, a free loopback port,
+a store in a temporary directory), reached through a `ProxySeat`;
+`trainers.rollouts.RolloutLoop` plays groups of the mixture with `has_room` always true.
+`--engine` picks what serves the model, one or several, comma-separated (one after the
+other, a table each):
 
 - embedded (the default): transformers in this process, `--max-batch` rows decoded
-  together on one worker thread with `--threads` torch threads; no prefix cache;
+  together on one worker thread with `--threads` torch threads, once per size of its
+  prefix cache in `--prefix-cache-tokens` (`engine.prefix_cache_tokens`; 0 is off: the
+  baseline, every prompt prefilled whole; default: the config's default alone);
 - vllm: vLLM's OpenAI server from .venv-vllm (`agents.engines.vllm`; 20-70 s to start here,
   not counted), context 4096 tokens, with its prefix cache and continuous batching, and
   whole prefills only (`agents.engines.vllm._whole_prefill_args` says why). Its OpenMP
@@ -50,12 +54,17 @@ summed, so that a load that comes and goes on a shared machine falls on all of t
 - CPU cores: this process's CPU seconds over the window, the vLLM server's (its process
   group, /proc), and the rest of the machine's (the sandboxes' shells and any other load;
   /proc/stat);
+- embedded only: prompt tokens the prefix cache served a turn (their KV reused, not
+  computed), over the window's prefills;
 - vllm only, from its Prometheus /metrics over the window: engine steps/s, sequences
   decoded a step (generated tokens over steps: the batch continuous batching kept), tokens
   computed a step (those plus the prompt tokens prefilled), the server's CPU ms a step,
   and the share of prompt tokens its prefix cache served;
 - `x`: the setting's rate over the first setting's (1 group in flight). Target (issue
   #21): >= 2.5x at 8.
+
+With several engines, models or cache sizes, a last table sets their episodes/s side by
+side, each over the first run of its model (the prefix cache off, if `0` comes first).
 """
 
 from __future__ import annotations
@@ -83,8 +92,9 @@ from rich.table import Table
 
 import trainers
 from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
-from agents.config import ServeSection
+from agents.config import PREFIX_CACHE_TOKENS, ServeSection
 from agents.engines.base import Engine
+from agents.engines.embedded import EmbeddedEngine
 from agents.engines.vllm import VLLMEngine, own_cpus
 from agents.engines.vllm_server import group_members
 from agents.rollout import ProxySeat
@@ -134,13 +144,19 @@ class Measured:
     """One setting's figures over its windows (summed over rounds)."""
 
     engine: str
+    model: str
+    prefix_cache_tokens: int | None
+    """embedded: the prefix cache's bound (0: off); None for vllm."""
     in_flight: int
     window_s: float
     episodes: int
     turns: int
     completion_tokens: int
     prompt_tokens: int
-    """The window's turns' prompt tokens: what the engine prefilled for them."""
+    """The window's turns' prompt tokens."""
+    prefilled: tuple[int, int]
+    """embedded: (prompt tokens, of them the prefix cache's) of the window's prefills;
+    (0, 0) for vllm."""
     episode_wall_s: float
     """The window's episodes' wall times, summed."""
     failed: int
@@ -171,6 +187,11 @@ class Measured:
         return self.completion_tokens / self.window_s
 
     @property
+    def cached_per_turn(self) -> float:
+        """Prompt tokens a turn whose KV the prefix cache gave (prefill saved)."""
+        return self.prefilled[1] / self.turns if self.turns else 0.0
+
+    @property
     def others_cpu_s(self) -> float:
         """CPU seconds the rest of the machine used: neither this process nor its server."""
         return self.machine_busy_s - self.cpu_s - self.server.get("cpu_s", 0.0)
@@ -183,12 +204,18 @@ class Measured:
         """Both windows' figures together (the same setting, another round)."""
         return Measured(
             engine=self.engine,
+            model=self.model,
+            prefix_cache_tokens=self.prefix_cache_tokens,
             in_flight=self.in_flight,
             window_s=self.window_s + other.window_s,
             episodes=self.episodes + other.episodes,
             turns=self.turns + other.turns,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            prefilled=(
+                self.prefilled[0] + other.prefilled[0],
+                self.prefilled[1] + other.prefilled[1],
+            ),
             episode_wall_s=self.episode_wall_s + other.episode_wall_s,
             failed=self.failed + other.failed,
             by_env={k: self.by_env.get(k, 0) + other.by_env.get(k, 0) for k in self.by_env},
@@ -244,6 +271,12 @@ def server_sample(engine: Engine) -> dict[str, float]:
     }
 
 
+def prefill_counts(engine: Engine) -> tuple[int, int]:
+    """The embedded engine's (prompt tokens prefilled, of them the prefix cache's) so far;
+    (0, 0) for another engine."""
+    return engine.prefill_counts() if isinstance(engine, EmbeddedEngine) else (0, 0)
+
+
 def bwrap_works() -> bool:
     """Whether a bwrap sandbox starts and runs a command here (user namespaces on)."""
     if not bwrap_available():
@@ -259,15 +292,22 @@ def bwrap_works() -> bool:
         return False
 
 
-def run_config(args: argparse.Namespace, engine: str) -> RunConfig:
-    """The trainer's config composed for the benchmark: the tiny model on `engine`, the
-    chosen env groups, every turn capped at `--max-tokens`, then the extra overrides."""
+def run_config(
+    args: argparse.Namespace, engine: str, model: str, prefix_cache_tokens: int | None
+) -> RunConfig:
+    """The trainer's config composed for the benchmark: `model` on `engine` (embedded: with
+    a prefix cache of `prefix_cache_tokens`), the chosen env groups, every turn capped at
+    `--max-tokens`, then the extra overrides."""
     engine_overrides = {
-        "embedded": [f"engine.threads={args.threads}", f"engine.max_batch={args.max_batch}"],
+        "embedded": [
+            f"engine.threads={args.threads}",
+            f"engine.max_batch={args.max_batch}",
+            f"engine.prefix_cache_tokens={prefix_cache_tokens}",
+        ],
         "vllm": [f"engine.context_length={VLLM_CONTEXT}"],
     }
     overrides = [
-        "model=tiny",
+        f"model={model}",
         f"engine={engine}",
         *engine_overrides[engine],
         f"sampling.max_tokens={args.max_tokens}",
@@ -319,10 +359,12 @@ def measure(
             try:
                 stop.wait(warmup)  # set early only by a worker's error, raised below
                 start, cpu, busy = time.time(), time.process_time(), machine_busy_s()
-                server = server_sample(engine)
+                server, prefilled = server_sample(engine), prefill_counts(engine)
                 stop.wait(seconds)
                 end, cpu, busy = time.time(), time.process_time() - cpu, machine_busy_s() - busy
                 server = {k: v - server[k] for k, v in server_sample(engine).items()}
+                after = prefill_counts(engine)
+                prefilled = (after[0] - prefilled[0], after[1] - prefilled[1])
             finally:
                 stop.set()
             logger.info("%d in flight: window over, playing out the groups in flight", in_flight)
@@ -332,14 +374,18 @@ def measure(
         for slot in slots.values():
             slot.pool.close()
     episodes = progress.between(start, end)
+    embedded = config.engine.backend == "embedded"
     return Measured(
         engine=config.engine.backend,
+        model=config.model.name,
+        prefix_cache_tokens=config.engine.prefix_cache_tokens if embedded else None,
         in_flight=in_flight,
         window_s=end - start,
         episodes=len(episodes),
         turns=len(turns),
         completion_tokens=sum(len(turn.completion_token_ids) for turn in turns),
         prompt_tokens=sum(len(turn.prompt_token_ids) for turn in turns),
+        prefilled=prefilled,
         episode_wall_s=sum(e.wall_s for _, e in episodes),
         failed=sum(e.status == "failed" for _, e in episodes),
         by_env={name: sum(env == name for env, _ in episodes) for name in slots},
@@ -365,6 +411,11 @@ def table(rows: Sequence[Measured], title: str, caption: str) -> Table:
         "prompt tokens a turn (mean)",
         *(f"{row.prompt_tokens / row.turns:.0f}" if row.turns else "-" for row in rows),
     )
+    if base.engine == "embedded":
+        out.add_row(
+            "prompt tokens from the prefix cache a turn",
+            *(f"{row.cached_per_turn:.0f}" for row in rows),
+        )
     out.add_row("CPU cores, this process", *(f"{row.cpu_s / row.window_s:.2f}" for row in rows))
     if base.server:
         out.add_row(
@@ -490,8 +541,8 @@ def caption(args: argparse.Namespace, result: EngineRun) -> str:
         )
     else:
         served = (
-            f"embedded engine, max_batch {engine.max_batch}, torch threads {engine.threads} "
-            f"on a {cores}-core machine"
+            f"{served_by(result)}, max_batch {engine.max_batch}, torch threads "
+            f"{engine.threads} on a {cores}-core machine"
         )
     return (
         f"{served}, behind the proxy; up in {result.startup_s:.0f} s (not counted); "
@@ -501,10 +552,54 @@ def caption(args: argparse.Namespace, result: EngineRun) -> str:
     )
 
 
+def served_by(result: EngineRun) -> str:
+    """The run's engine, and its prefix cache where it has one."""
+    engine = result.config.engine
+    if engine.backend != "embedded":
+        return engine.backend
+    cache = engine.prefix_cache_tokens
+    return f"embedded, {cache}-token prefix cache" if cache else "embedded, no prefix cache"
+
+
+def comparison(results: Sequence[EngineRun]) -> Table:
+    """Every run's episodes/s and turns/s side by side, each over its model's first run at
+    as many groups in flight, with the prompt tokens a turn its prefix cache served."""
+    out = Table(title="each run over its model's first (x), by groups in flight")
+    out.add_column("model")
+    out.add_column("engine")
+    for label in ("episodes/s", "turns/s"):
+        for row in results[0].rows:
+            out.add_column(f"{label} {row.in_flight}", justify="right")
+    out.add_column("cached / prompt tokens a turn", justify="right")
+    first: dict[str, EngineRun] = {}
+    for result in results:
+        base = first.setdefault(result.config.model.name, result)
+        pairs = list(zip(result.rows, base.rows, strict=True))
+        turns = sum(row.turns for row in result.rows) or 1
+        cached = sum(row.prefilled[1] for row in result.rows) / turns
+        prompts = sum(row.prompt_tokens for row in result.rows) / turns
+        out.add_row(
+            result.config.model.name,
+            served_by(result),
+            *(_rate(row.episodes_per_s, ref.episodes_per_s) for row, ref in pairs),
+            *(_rate(row.turns_per_s, ref.turns_per_s) for row, ref in pairs),
+            f"{cached:.0f} / {prompts:.0f}",
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--engine", type=engines_arg, default=["embedded"], help="embedded, vllm, or both"
+    )
+    parser.add_argument("--models", default="tiny", help="models, comma-separated")
+    parser.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        nargs="+",
+        default=[PREFIX_CACHE_TOKENS],
+        help="embedded: one run per prefix-cache size (0: off)",
     )
     parser.add_argument("--envs", default=None, help="env groups, comma-separated")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 4, 8])
@@ -527,14 +622,22 @@ def main() -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     args.envs = args.envs.split(",") if args.envs else default_envs()
     args.vllm_cpus = args.vllm_cpus or split_cpus(own_cpus())[1]
-    results = [run(args, run_config(args, engine)) for engine in args.engine]
+    runs = [
+        (engine, model, cache)
+        for engine in args.engine
+        for model in args.models.split(",")
+        for cache in (args.prefix_cache_tokens if engine == "embedded" else [None])
+    ]
+    results = [run(args, run_config(args, *spec)) for spec in runs]
     for result in results:
         groups = ", ".join(f"{name} x{env.group_size}" for name, env in result.config.env.items())
         title = (
-            f"rollout of {groups} on tiny, {result.config.engine.backend} engine "
+            f"rollout of {groups} on {result.config.model.name}, {served_by(result)} "
             f"(target: episodes/s >= {TARGET}x at 8 in flight)"
         )
         Console().print(table(result.rows, title, caption(args, result)))
+    if len(results) > 1:
+        Console().print(comparison(results))
     if args.out:
         write_figures(args, [row for result in results for row in result.rows])
 

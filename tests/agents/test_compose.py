@@ -18,9 +18,11 @@ from agents.trajectory import TurnType
 
 
 def test_the_embedded_engine_is_built_from_its_config():
-    engine = build_engine(EngineConfig(threads=1, max_batch=4), ModelConfig("tiny"))
+    config = EngineConfig(threads=1, max_batch=4, prefix_cache_tokens=100)
+    engine = build_engine(config, ModelConfig("tiny"))
     try:
         assert isinstance(engine, EmbeddedEngine) and engine.policy_version == 0
+        assert engine._scheduler.prefixes.max_tokens == 100
         reply = engine.generate([{"role": "user", "content": "hi"}])
         assert reply.completion_token_ids and len(reply.completion_logprobs) == len(
             reply.completion_token_ids
@@ -45,6 +47,7 @@ def test_a_remote_engine_takes_its_url_and_key():
         (EngineConfig(backend="remote"), "engine.base_url"),
         (EngineConfig(backend="vllm", max_loras=1), "max_loras"),
         (EngineConfig(backend="vllm", gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+        (EngineConfig(prefix_cache_tokens=-1), "prefix_cache_tokens must be >= 0"),
     ],
 )
 def test_an_engine_config_that_cannot_serve_says_the_fix(config, fragment):

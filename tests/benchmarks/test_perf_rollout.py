@@ -1,7 +1,8 @@
 """The rollout benchmark, run small: both settings play turns, the table prints their ratios
-and the JSON holds the same figures, on the embedded engine and on vLLM (with the server's
-own figures); `--engine` takes only the engines it knows; the vLLM server's counters are
-read from Prometheus text as vLLM writes it."""
+and the JSON holds the same figures, on the embedded engine (with its prefix cache off and
+on, side by side) and on vLLM (with the server's own figures); `--engine` takes only the
+engines it knows; the vLLM server's counters are read from Prometheus text as vLLM writes
+it."""
 
 import json
 import subprocess
@@ -15,12 +16,12 @@ from benchmarks.perf.rollout import VLLM_COUNTERS, prometheus_sums
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_small(engine: str, out: Path) -> subprocess.CompletedProcess[str]:
+def run_small(engine: str, out: Path, *more: str) -> subprocess.CompletedProcess[str]:
     """The benchmark on `engine`: chat and arith, 1 and 2 groups in flight, 3 s windows."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.perf.rollout", "--engine", engine]
         + ["--envs", "chat,arith", "--in-flight", "1", "2", "--seconds", "3", "--warmup", "1"]
-        + ["--out", str(out)],
+        + ["--out", str(out), *more],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -32,17 +33,27 @@ def run_small(engine: str, out: Path) -> subprocess.CompletedProcess[str]:
 
 def test_rollout_benchmark_prints_its_table_with_ratios(tmp_path):
     out = tmp_path / "rollout.json"
-    result = run_small("embedded", out)
+    result = run_small("embedded", out, "--prefix-cache-tokens", "0", "4096")
     turns_row = next(line for line in result.stdout.splitlines() if "turns/s" in line)
     assert "(1.00x)" in turns_row
     assert "vLLM" not in result.stdout  # the server's rows are vllm's alone
+    assert "each run over its model's first" in result.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert [(row["engine"], row["in_flight"]) for row in rows] == [("embedded", 1), ("embedded", 2)]
+    assert [(row["prefix_cache_tokens"], row["in_flight"]) for row in rows] == [
+        (0, 1),
+        (0, 2),
+        (4096, 1),
+        (4096, 2),
+    ]
     for row in rows:
+        assert row["engine"] == "embedded" and row["model"] == "tiny"
         assert row["turns"] > 0 and row["completion_tokens"] >= row["turns"]
         assert row["turns_per_s"] == row["turns"] / row["window_s"]
         assert set(row["by_env"]) == {"chat", "arith"} and row["failed"] == 0
         assert row["server"] == {}
+        prompt_tokens, cached = row["prefilled"]
+        assert prompt_tokens > 0
+        assert (cached > 0) == (row["prefix_cache_tokens"] > 0)  # every env shares a prompt
 
 
 @pytest.mark.slow  # 45 s; vLLM serving runs by default in tests/trainers/test_run_vllm.py

@@ -1,17 +1,19 @@
 """Continuous batching in the embedded engine: concurrent requests share forward passes and
-still get what each would get alone; adapter swaps never break a running request."""
+still get what each would get alone; adapter swaps never break a running request; prompts
+that reuse earlier requests' KV get exactly what a cold prefill gives."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from agents.engines.base import BASE, POLICY, Completion, SamplingParams
-from agents.engines.batching import pick, sampling_weights
+from agents.engines.batching import END, pick, sampling_weights
 from agents.engines.embedded import EmbeddedEngine
 from tests.agents.engines.conftest import save_random_adapter
 
@@ -228,3 +230,163 @@ def test_a_prompt_that_breaks_the_prefill_fails_alone_and_running_rows_go_on(eng
     results = [list(stream)[-1] for stream in streams]
     assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in alone]
     assert list(running)[-1].completion_token_ids == running_alone.completion_token_ids
+
+
+# -- prefix reuse ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def warm():
+    """An engine with the default prefix cache, for these tests alone (its contents and
+    adapter versions are theirs)."""
+    engine = EmbeddedEngine("tiny", threads=1)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def cold():
+    """The same model without a prefix cache: every prompt prefilled whole, alone."""
+    engine = EmbeddedEngine("tiny", threads=1, prefix_cache_tokens=0)
+    yield engine
+    engine.close()
+
+
+@dataclass(frozen=True)
+class Ran:
+    cached: int
+    """Prompt tokens the prefix cache gave."""
+    tokens: list[int]
+    logprobs: list[float]
+
+
+def submit(engine, prompt, policy=False):
+    """Queues prompt token ids, greedy, on the policy or the base model."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    request = engine._scheduler.submit(prompt, GREEDY, GREEDY.max_tokens, None, policy, events)
+    return request, events
+
+
+def collect(submitted) -> Ran:
+    request, events = submitted
+    tokens, logprobs = [], []
+    while (item := events.get(timeout=60)) is not END:
+        if isinstance(item, BaseException):
+            raise item
+        tokens.append(item[0])
+        logprobs.append(item[1])
+    return Ran(request.cached, tokens, logprobs)
+
+
+def run(engine, prompt, policy=False) -> Ran:
+    return collect(submit(engine, prompt, policy))
+
+
+def assert_cold(ran: Ran, cold, prompt, policy=False) -> None:
+    """`ran` is what the engine without a prefix cache gives the prompt alone."""
+    alone = run(cold, prompt, policy)
+    assert alone.cached == 0
+    assert ran.tokens == alone.tokens
+    assert ran.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def conversation(tag, question):
+    """A system prompt of its own per test (`tag` first), then a question."""
+    system = f"{tag}: you are a careful calculator. Answer with one number and nothing else."
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def publish(tmp_path, seed, *engines):
+    """One random adapter, served by every engine as the same new version."""
+    path = str(save_random_adapter(tmp_path / f"seed{seed}", seed=seed))
+    version = max(engine.policy_version for engine in engines) + 1
+    for engine in engines:
+        engine.load_adapter(path, version)
+
+
+def test_prompts_sharing_a_system_prompt_reuse_its_kv_exactly(warm, cold):
+    prompts = [warm.encode(conversation("shared", f"what is {n} + {n}?")) for n in range(4)]
+    shortest = min(len(prompt) for prompt in prompts)
+    shared = next(i for i in range(shortest) if len({prompt[i] for prompt in prompts}) > 1)
+    ran = [run(warm, prompt) for prompt in prompts]
+    assert ran[0].cached < shared  # only the template's first tokens, from other tests
+    assert [r.cached for r in ran[1:]] == [shared] * 3
+    for prompt, one in zip(prompts, ran, strict=True):
+        assert_cold(one, cold, prompt)
+
+
+def test_a_second_turn_reuses_the_first_turn_whole(warm, cold):
+    first_prompt = warm.encode(conversation("turns", "what is 2 + 3?"))
+    first = run(warm, first_prompt)
+    follow_up = warm.encode([{"role": "user", "content": "and times 4?"}])
+    second_prompt = first_prompt + first.tokens + follow_up
+    second = run(warm, second_prompt)
+    # every token the first turn fed back: all but its last sampled one
+    assert second.cached == len(first_prompt) + len(first.tokens) - 1
+    assert_cold(first, cold, first_prompt)
+    assert_cold(second, cold, second_prompt)
+
+
+def test_rows_with_different_cached_lengths_share_one_prefill_exactly(warm, cold):
+    first_prompt = warm.encode(conversation("rows", "what is 7 + 1?"))
+    first = run(warm, first_prompt)
+    prompts = [
+        warm.tokenizer("no template: a prompt whose first token nothing shares")["input_ids"],
+        warm.encode(conversation("rows", "what is 9 + 9?")),
+        first_prompt + first.tokens + warm.encode([{"role": "user", "content": "why?"}]),
+        first_prompt,
+    ]
+    submitted = queued_together(warm, lambda: [submit(warm, prompt) for prompt in prompts])
+    ran = [collect(one) for one in submitted]
+    cached = [one.cached for one in ran]
+    assert cached[0] == 0
+    assert cached[3] == len(first_prompt) - 1  # the prompt's last token is computed
+    assert len(set(cached)) == 4
+    for prompt, one in zip(prompts, ran, strict=True):
+        assert_cold(one, cold, prompt)
+
+
+def test_base_and_policy_rows_reuse_only_their_own_kv(warm, cold, tmp_path):
+    publish(tmp_path, 21, warm, cold)
+    prompts = [warm.encode(conversation("mixed", q)) for q in ("what is 1 + 4?", "is 5 odd?")]
+    run(warm, prompts[0])  # base KV only
+    jobs = [(prompts[1], False), (prompts[1], True), (prompts[0], True)]
+    submitted = queued_together(warm, lambda: [submit(warm, p, policy) for p, policy in jobs])
+    ran = [collect(one) for one in submitted]
+    assert ran[0].cached > 0
+    assert ran[1].cached == ran[2].cached == 0  # base KV is not the policy's
+    again = run(warm, prompts[1], policy=True)
+    assert again.cached == len(prompts[1]) - 1  # the policy's own, from the row above
+    assert ran[0].logprobs != pytest.approx(ran[1].logprobs, abs=1e-3)
+    for (prompt, policy), one in zip([*jobs, (prompts[1], True)], [*ran, again], strict=True):
+        assert_cold(one, cold, prompt, policy)
+
+
+def test_a_new_policy_version_never_reuses_an_older_ones_kv(warm, cold, tmp_path):
+    prompt = warm.encode(conversation("versions", "what is 3 + 3?"))
+    publish(tmp_path, 31, warm, cold)
+    first_slot = warm._scheduler.policy[0]
+    assert run(warm, prompt, policy=True).cached == 0
+    assert run(warm, prompt, policy=True).cached == len(prompt) - 1
+    for seed in (32, 33, 34):
+        publish(tmp_path, seed, warm, cold)
+        after = run(warm, prompt, policy=True)
+        assert after.cached == 0
+        assert_cold(after, cold, prompt, policy=True)
+        if warm._scheduler.policy[0] == first_slot:
+            break
+    assert warm._scheduler.policy[0] == first_slot, "the first version's slot was refilled"
+
+
+def test_a_prefix_cache_over_its_bound_evicts_and_stays_exact(cold):
+    """Six 52-token prompts and their completions, in a cache of 96 tokens."""
+    small = EmbeddedEngine("tiny", threads=1, prefix_cache_tokens=96)
+    try:
+        prompts = [small.encode(conversation("bound", f"what is {n} * 3?")) for n in range(6)]
+        for prompt in prompts:
+            one = run(small, prompt)
+            assert small._scheduler.prefixes.tokens <= 96
+            assert_cold(one, cold, prompt)
+        # the newest sequence is held whole, the oldest's end was evicted
+        assert run(small, prompts[-1]).cached == len(prompts[-1]) - 1
+        assert run(small, prompts[0]).cached < len(prompts[0]) - 1
+    finally:
+        small.close()

@@ -1,3 +1,4 @@
+import dataclasses
 import random
 import unicodedata
 
@@ -104,7 +105,10 @@ def test_adapter_versions_swap_and_base_stays_reachable(tmp_path):
 def test_stream_yields_every_token_then_the_same_completion(tiny_engine):
     sampling = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
     *chunks, final = tiny_engine.stream(MESSAGES, sampling=sampling)
-    assert final == tiny_engine.generate(MESSAGES, sampling=sampling)
+    again = tiny_engine.generate(MESSAGES, sampling=sampling)
+    # the repeat reuses the stream's KV (the prefix cache): its log-probs agree to rounding
+    assert dataclasses.replace(again, completion_logprobs=final.completion_logprobs) == final
+    assert again.completion_logprobs == pytest.approx(final.completion_logprobs, abs=1e-5)
     assert tuple(i for c in chunks for i in c.token_ids) == final.completion_token_ids
     assert tuple(lp for c in chunks for lp in c.logprobs) == final.completion_logprobs
     assert "".join(c.text for c in chunks) == tiny_engine.tokenizer.decode(
