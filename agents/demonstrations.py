@@ -28,7 +28,7 @@ from typing import Any
 import gymnasium as gym
 
 from agents.engines.base import BASE, Completion, ContextExceeded, SamplingParams
-from agents.rollout import DirectSeat, EpisodeSummary, run_episode
+from agents.rollout import MAX_TURNS, TERMINATED, DirectSeat, EpisodeSummary, run_episode
 from agents.store import Store
 from agents.toolcalls import assistant_message
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnType
@@ -208,8 +208,9 @@ def record_demonstrations(
 ) -> list[EpisodeSummary]:
     """Plays `episodes` episodes of the env with its reference agent, each on a different
     task of its split while there are tasks left (a seeded shuffle), and stores them as
-    demonstrations of `env_name` (the sessions' env id). Returns their summaries; failed
-    demonstrations are stored too, with their outcome, and the caller chooses.
+    demonstrations of `env_name` (the sessions' env id). Returns their summaries, which say
+    why each one failed (`end_reason`); failed demonstrations are stored too, with their
+    outcome and end reason, and the caller chooses.
 
     Raises:
         NoReferenceAgent: the env has no scripted solver.
@@ -233,19 +234,28 @@ def record_demonstrations(
             run_episode(play, seat, env_id=env_name, task_id=ids[n % len(ids)], seed=seed + n)
             for n in range(episodes)
         ]
-        solved_count = sum(solved(s.total_reward) for s in summaries)
-        unplayed = [s.error for s in summaries if not s.session_id]
+        unsolved = [s for s in summaries if not solved(s.total_reward)]
         logger.info(
             "%s: %d demonstrations, %d solved, %d not played%s",
             env_name,
             len(summaries),
-            solved_count,
-            len(unplayed),
-            f" ({unplayed[0]})" if unplayed else "",
+            len(summaries) - len(unsolved),
+            sum(not s.session_id for s in summaries),
+            f"; the first unsolved: {end_reason(unsolved[0])}" if unsolved else "",
         )
         return summaries
     finally:
         play.close()
+
+
+def end_reason(summary: EpisodeSummary) -> str:
+    """How a demonstration's episode ended: what cut it short (the text of the error that
+    broke it, a refused request, the context, an env that would not reset), else how the
+    env ended it and the reward it gave."""
+    if summary.error is not None:
+        return summary.error
+    end = TERMINATED if summary.terminated else MAX_TURNS
+    return f"the env ended it ({end}) with reward {summary.total_reward:.2f}"
 
 
 def import_parquet(store: Store, path: str | Path) -> int:

@@ -144,8 +144,20 @@ def _build_smollm2(target: Path) -> None:
     # The GGUF loader leaves a quantization config behind although the weights are now fp32;
     # save_pretrained refuses to write the model until it is removed.
     model.hf_quantizer.remove_quantization_config(model)
+    # The special tokens are stated here, not taken from the GGUF loader: transformers 5.17's
+    # names the bos token as eos and drops the pad (issue 38), and overrides what
+    # from_pretrained is told, so they are set on the loaded tokenizer.
+    tokenizer.eos_token = "<|im_end|>"  # ends every turn: the engines stop on it
+    # Not <|im_end|>, SmolLM2's own pad: a pad equal to eos makes every end of turn look like
+    # padding wherever padding is skipped (labels equal to the pad left out of a loss, the
+    # embedding row of `padding_idx`, which gets no gradient), while <|endoftext|> never
+    # occurs in a ChatML conversation. The tiny model's pad too.
+    tokenizer.pad_token = "<|endoftext|>"
+    # The template opens every turn with <|im_start|> itself: no bos (the GGUF's is
+    # <|im_start|>), which a tokenizer told to add one would put there twice.
+    tokenizer.bos_token = None
     tokenizer.chat_template = chat_template(default_system=SMOLLM2_SYSTEM)
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    _carry_special_ids(model, tokenizer)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
 
@@ -231,12 +243,22 @@ def _build_tiny(target: Path) -> None:
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(config).to(torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    _carry_special_ids(model, tokenizer)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
 
 
+def _carry_special_ids(model: Any, tokenizer: Any) -> None:
+    """Gives the model's config and generation config the tokenizer's eos, pad and bos ids,
+    so that they agree whichever one an engine reads (the embedded engine stops on the
+    generation config's eos, vLLM and the Tinker engine on the tokenizer's)."""
+    for config in (model.config, model.generation_config):
+        config.eos_token_id = tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+        config.bos_token_id = tokenizer.bos_token_id
+
+
 # Bump when a builder changes what it writes, so caches are rebuilt, not reused.
-_BUILD_VERSION = 1
+# 2: the special tokens and their ids stated (issue 38).
+_BUILD_VERSION = 2
 _BUILDERS: dict[str, Callable[[Path], None]] = {"tiny": _build_tiny, "smollm2-135m": _build_smollm2}

@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 EVAL_SEED = 1_000_003
 """Seed of every evaluation episode: the same tasks played the same way at every step."""
 
-_MAX_PARALLEL = 8
+SAMPLE_KEY = "eval_sample"
+"""A pass@k sample's index in its session's metadata (greedy episodes have none)."""
 
 
 @dataclass(frozen=True)
@@ -59,15 +60,30 @@ class EvalScore:
     """Mean total reward (the env's own score where it is not pass / fail)."""
     failed: int
     """Episodes that broke off (a refused request, an env that failed)."""
+    k: int = 0
+    """Samples per task at the run's temperature for pass@k; 0: none were drawn."""
+    pass_at_k: float | None = None
+    """Share of tasks solved by at least one of their k samples."""
+    pass_at_k_low: float | None = None
+    pass_at_k_high: float | None = None
+    """The 95% Wilson interval of pass@k (over tasks)."""
+    sampled_pass_at_1: float | None = None
+    """Share of the k samples that solved their task: pass@1 at the run's temperature, as
+    the rollouts see the policy (the greedy pass@1 is `pass_at_1`)."""
 
 
-def score(step: int, summaries: list[EpisodeSummary]) -> EvalScore:
+def score(
+    step: int,
+    summaries: list[EpisodeSummary],
+    samples: Sequence[Sequence[EpisodeSummary]] = (),
+) -> EvalScore:
     """The held-out score of one env's evaluation episodes (a success: its full reward,
-    `envs.core.solved`, the leaderboard's rule)."""
+    `envs.core.solved`, the leaderboard's rule): `summaries` greedy, one per task, and
+    `samples` each task's k sampled episodes (none: no pass@k)."""
     successes = sum(solved(s.total_reward) for s in summaries)
     n = len(summaries)
     low, high = wilson_interval(successes, n)
-    return EvalScore(
+    result = EvalScore(
         step=step,
         episodes=n,
         successes=successes,
@@ -77,6 +93,21 @@ def score(step: int, summaries: list[EpisodeSummary]) -> EvalScore:
         reward=round(sum(s.total_reward for s in summaries) / n, 6) if n else 0.0,
         failed=sum(s.status == SessionStatus.FAILED for s in summaries),
     )
+    if not samples or not all(samples):
+        return result
+    k = min(len(task) for task in samples)
+    solved_counts = [sum(solved(s.total_reward) for s in task[:k]) for task in samples]
+    reached = sum(count > 0 for count in solved_counts)
+    k_low, k_high = wilson_interval(reached, len(samples))
+    return dataclasses.replace(
+        result,
+        k=k,
+        # k samples drawn for pass@k: Chen et al.'s estimator is then whether any passed
+        pass_at_k=round(reached / len(samples), 6),
+        pass_at_k_low=round(k_low, 6),
+        pass_at_k_high=round(k_high, 6),
+        sampled_pass_at_1=round(sum(solved_counts) / (k * len(samples)), 6),
+    )
 
 
 def eval_row(result: EvalScore) -> dict[str, Any]:
@@ -85,9 +116,11 @@ def eval_row(result: EvalScore) -> dict[str, Any]:
 
 
 def score_of(row: Mapping[str, Any]) -> EvalScore:
-    """The evaluation a metrics.jsonl row (`eval_row`'s, with its step) records."""
+    """The evaluation a metrics.jsonl row (`eval_row`'s, with its step) records; fields a
+    row lacks (written before they existed) take their defaults."""
     names = [f.name for f in dataclasses.fields(EvalScore) if f.name != "step"]
-    return EvalScore(step=int(row["step"]), **{name: row[f"eval_{name}"] for name in names})
+    found = {name: row[f"eval_{name}"] for name in names if f"eval_{name}" in row}
+    return EvalScore(step=int(row["step"]), **found)
 
 
 def evenly_spaced(ids: list[str], count: int) -> list[str]:
@@ -128,6 +161,13 @@ class Evaluator:
         self.config, self.seat, self.metrics, self.run_dir = config, seat, metrics, Path(run_dir)
         self.store = store
         self.sampling = dataclasses.replace(sampling, temperature=0.0)
+        self.sample_sampling = sampling
+        """The run's own sampling, for the pass@k samples."""
+        self.pass_k = {
+            name: env.group_size if config.pass_k is None else config.pass_k
+            for name, env in envs.items()
+        }
+        """Samples per held-out task for pass@k, by env (below 2: none)."""
         self.episodes = {
             name: config.episodes if env.eval_episodes is None else env.eval_episodes
             for name, env in envs.items()
@@ -139,6 +179,9 @@ class Evaluator:
         }
         self.max_tokens = {name: env.max_tokens for name, env in envs.items()}
         self.history: dict[str, list[EvalScore]] = {name: [] for name in self.makers}
+        self.switch_step: int | None = None
+        """The step at which imitation (a warm start's supervised steps) handed over to RL,
+        set by the pipeline that runs it; None: no warm start."""
 
     @property
     def enabled(self) -> bool:
@@ -175,14 +218,21 @@ class Evaluator:
             return scores
         for name, result in scores.items():
             self.history[name].append(result)
+            sampled = (
+                ""
+                if result.pass_at_k is None
+                else f", pass@{result.k} {result.pass_at_k:.3f} [{result.pass_at_k_low:.3f}, "
+                f"{result.pass_at_k_high:.3f}], sampled pass@1 {result.sampled_pass_at_1:.3f}"
+            )
             logger.info(
-                "eval at step %d, %s: pass@1 %.3f [%.3f, %.3f] over %d, reward %.3f",
+                "eval at step %d, %s: pass@1 %.3f [%.3f, %.3f] over %d%s, reward %.3f",
                 step,
                 name,
                 result.pass_at_1,
                 result.low,
                 result.high,
                 result.episodes,
+                sampled,
                 result.reward,
             )
             if self.metrics is not None:
@@ -191,14 +241,18 @@ class Evaluator:
         return scores
 
     def before_after(self) -> dict[str, dict[str, Any]]:
-        """Each env's evaluation before training (None with `eval.before` off) and its
-        last (the summary's before and after), and pass@1 at every evaluation (`curve`:
-        step, pass@1)."""
+        """Each env's evaluation before training (None with `eval.before` off), at the
+        switch from imitation to RL (`switch_step`; None without a warm start), and its
+        last (the summary's before, switch and after), and every evaluation's pass@1 and
+        pass@k (`curve`: step, pass@1, pass@k or None)."""
         return {
             name: {
                 "before": dataclasses.asdict(runs[0]) if runs[0].step == 0 else None,
+                "switch": next(
+                    (dataclasses.asdict(r) for r in runs if r.step == self.switch_step), None
+                ),
                 "after": dataclasses.asdict(runs[-1]),
-                "curve": [(r.step, r.pass_at_1) for r in runs],
+                "curve": [(r.step, r.pass_at_1, r.pass_at_k) for r in runs],
             }
             for name, runs in self.history.items()
             if runs
@@ -214,11 +268,12 @@ class Evaluator:
         return evenly_spaced(every_id, self.episodes[name])
 
     def played(
-        self, name: str, version: int | None, task_ids: Sequence[str]
+        self, name: str, version: int | None, task_ids: Sequence[str], sample: int | None = None
     ) -> dict[str, EpisodeSummary]:
         """The evaluation episodes of env `name` on `task_ids` that policy version `version`
         played to their end (done or truncated; a failed one is played again), as
-        `EpisodeSummary`s by task id, the last of each."""
+        `EpisodeSummary`s by task id, the last of each: the greedy ones, or (`sample`) the
+        pass@k samples of that index."""
         if self.store is None or version is None:
             return {}
         wanted = set(task_ids)
@@ -227,7 +282,7 @@ class Evaluator:
         for stored in self.store.sessions():  # oldest first: a task's last play is kept
             if stored.env_id != f"eval/{name}" or stored.task_id not in wanted:
                 continue
-            if stored.status not in ended:
+            if stored.status not in ended or stored.metadata.get(SAMPLE_KEY) != sample:
                 continue
             session = self.store.session(stored.session_id)
             if session.turns and all(t.policy_version == version for t in session.turns):
@@ -235,9 +290,29 @@ class Evaluator:
         return found
 
     def _evaluate_env(self, name: str, step: int, version: int | None) -> EvalScore:
-        make = self.makers[name]
         task_ids = self.held_out_tasks(name)
-        taken_back = self.played(name, version, task_ids)
+        k = self.pass_k[name] if self.pass_k[name] > 1 else 0
+        if step == 0 and not self.config.pass_k_before:
+            k = 0
+        # every episode of the evaluation in one pool: a batching engine decodes them together
+        kinds: list[int | None] = [None, *range(k)]
+        done = self._play(name, step, version, [(t, kind) for kind in kinds for t in task_ids])
+        greedy = [done[t, None] for t in task_ids]
+        samples = [[done[t, j] for j in range(k)] for t in task_ids] if k else []
+        return score(step, greedy, samples)
+
+    def _play(
+        self, name: str, step: int, version: int | None, jobs: list[tuple[str, int | None]]
+    ) -> dict[tuple[str, int | None], EpisodeSummary]:
+        """One episode per (task id, sample): greedy (sample None), or the pass@k sample of
+        that index at the run's temperature with a seed of its own; episodes this policy
+        version played to their end before a stop are taken back from the store."""
+        make = self.makers[name]
+        taken_back: dict[tuple[str, int | None], EpisodeSummary] = {}
+        for sample in dict.fromkeys(kind for _, kind in jobs):
+            tasks = [t for t, kind in jobs if kind == sample]
+            found = self.played(name, version, tasks, sample)
+            taken_back |= {(t, sample): summary for t, summary in found.items()}
         if taken_back:
             logger.info(
                 "eval at step %d, %s: %d of %d episodes were played by policy version %s "
@@ -245,16 +320,20 @@ class Evaluator:
                 step,
                 name,
                 len(taken_back),
-                len(task_ids),
+                len(jobs),
                 version,
-                len(task_ids) - len(taken_back),
+                len(jobs) - len(taken_back),
             )
-        sampling = sampling_params(self.sampling, EVAL_SEED)
         max_tokens = self.config.max_tokens or self.max_tokens[name]
-        if max_tokens is not None:
-            sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
 
-        def play(task_id: str) -> EpisodeSummary:
+        def play(job: tuple[str, int | None]) -> EpisodeSummary:
+            task_id, sample = job
+            if sample is None:
+                sampling = sampling_params(self.sampling, EVAL_SEED)
+            else:
+                sampling = sampling_params(self.sample_sampling, EVAL_SEED + 1 + sample)
+            if max_tokens is not None:
+                sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
             env = make()
             try:
                 return run_episode(
@@ -264,31 +343,48 @@ class Evaluator:
                     task_id=task_id,
                     seed=EVAL_SEED,
                     sampling=sampling,
+                    metadata={} if sample is None else {SAMPLE_KEY: sample},
                 )
             finally:
                 env.close()
 
-        remaining = [t for t in task_ids if t not in taken_back]
-        with ThreadPoolExecutor(min(_MAX_PARALLEL, len(remaining)) or 1, f"eval-{name}") as pool:
+        remaining = [job for job in jobs if job not in taken_back]
+        workers = min(self.config.parallel, len(remaining)) or 1
+        with ThreadPoolExecutor(workers, f"eval-{name}") as pool:
             played = dict(zip(remaining, pool.map(play, remaining), strict=True))
-        return score(step, [taken_back.get(t) or played[t] for t in task_ids])
+        return taken_back | played
 
     def _plot(self) -> None:
-        """Draws every env's pass@1 (with its interval) against the step, to eval.png."""
+        """Draws every env's greedy pass@1 (with its interval) and pass@k against the step,
+        with the switch from imitation to RL marked, to eval.png."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        figure, axes = plt.subplots(figsize=(6, 4))
+        figure, axes = plt.subplots(figsize=(7, 4.5))
         for name, runs in self.history.items():
             steps = [r.step for r in runs]
-            axes.plot(steps, [r.pass_at_1 for r in runs], marker="o", label=name)
+            (line,) = axes.plot(
+                steps, [r.pass_at_1 for r in runs], marker="o", label=f"{name} pass@1 (greedy)"
+            )
             axes.fill_between(steps, [r.low for r in runs], [r.high for r in runs], alpha=0.2)
+            sampled = [(r.step, r.pass_at_k, r.k) for r in runs if r.pass_at_k is not None]
+            if sampled:
+                axes.plot(
+                    [step for step, _, _ in sampled],
+                    [value for _, value, _ in sampled],
+                    marker="s",
+                    linestyle="--",
+                    color=line.get_color(),
+                    label=f"{name} pass@{sampled[-1][2]} (temperature)",
+                )
+        if self.switch_step is not None:
+            axes.axvline(self.switch_step, color="grey", linestyle=":", label="imitation -> RL")
         axes.set_xlabel("step")
-        axes.set_ylabel("held-out pass@1 (95% Wilson interval)")
+        axes.set_ylabel("held-out success (95% Wilson interval)")
         axes.set_ylim(0, 1)
-        axes.legend()
+        axes.legend(fontsize="small")
         figure.tight_layout()
         figure.savefig(self.run_dir / "eval.png")
         plt.close(figure)

@@ -10,6 +10,10 @@ values, detached, rather than a second no-grad pass over the batch (a fifth of a
 Log-probs are computed from the hidden states a chunk of positions at a time, with the
 chunk recomputed in backward, so the full [tokens, vocabulary] logits never exist at once:
 with SmolLM2's 49k vocabulary those logits, not the model, dominate a step's memory.
+The entropy of each position's distribution is taken in the same chunk, without gradient.
+With `trainer.kl_estimate` the learner keeps a frozen copy of the LoRA weights that RL
+started from and scores the step's tokens under them in one no-grad pass, for an estimate
+of how far the policy has moved (`StepMetrics.kl_to_start`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ from torch.utils.checkpoint import checkpoint
 from agents import models
 from trainers.advantages import truncated_importance_weights
 from trainers.config import TrainerConfig
-from trainers.losses import clip_fraction, clipped_policy_loss, kl_to_base, nll_loss
+from trainers.losses import (
+    clip_fraction,
+    clipped_policy_loss,
+    entropy,
+    k3_kl,
+    kl_to_base,
+    nll_loss,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +71,23 @@ class StepMetrics:
     tokens: int
     loss: float
     kl: float
+    """The KL penalty to the base model (`trainer.kl_weight`; 0 without it)."""
+    kl_to_start: float | None
+    """KL(policy || the policy RL started from: the adapter at the switch from an SFT warm
+    start, `trainer.init_adapter`, else the base model), the k3 estimate over the step's
+    sampled tokens at the weights before the step: 0 at RL's first step. None: an SFT step
+    (RL has not started), `trainer.kl_estimate` off, or a learner that cannot score them."""
+    entropy: float | None
+    """Mean entropy (nats) of the policy's full next-token distribution at the trained
+    positions, at the weights before the step (an SFT step's too); None where the learner
+    does not see the distribution (Tinker)."""
     clip_fraction: float
+    """Share of the step's trained tokens whose ratio of the learner's probability (before
+    the step) to the rollout's lies outside [1 - clip_low, 1 + clip_high]: those PPO clips
+    with the rollout as its old policy (the Tinker learner's loss). This learner's own ratio,
+    to the weights before the step, is 1 all through its one update, so never clips. High:
+    the policy moves far between versions (steps too large) or the engine disagrees with
+    the learner (`logprob_gap`). 0 for an SFT step."""
     mean_advantage: float
     logprob_gap: float
     """Mean |learner - rollout| log-prob over tokens of on-policy turns (sampled by the
@@ -79,6 +106,19 @@ def token_logprobs(
     Right-padded batch; only the hidden states are materialised for the whole batch, the
     vocabulary projection runs `chunk` positions at a time (and again in backward).
     """
+    return token_logprobs_and_entropy(causal_lm, sequences, starts, chunk, with_entropy=False)[0]
+
+
+def token_logprobs_and_entropy(
+    causal_lm: Any,
+    sequences: list[list[int]],
+    starts: list[int],
+    chunk: int,
+    with_entropy: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`token_logprobs`, and the entropy of the distribution at each of those positions
+    (no gradient; empty tensors without `with_entropy`), from the same chunk's log-softmax.
+    """
     width = max(len(s) for s in sequences)
     ids = torch.zeros(len(sequences), width, dtype=torch.long)
     mask = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -89,29 +129,39 @@ def token_logprobs(
     ids, mask = ids.to(device), mask.to(device)
     hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
     head = causal_lm.get_output_embeddings()
-    results = []
+    gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
+    logprobs, entropies = [], []
     for row, (sequence, start) in enumerate(zip(sequences, starts, strict=True)):
         targets = ids[row, start : len(sequence)]
         states = hidden[row, start - 1 : len(sequence) - 1]
         pieces = [
             checkpoint(
-                _gather_logprobs,
-                head,
-                states[i : i + chunk],
-                targets[i : i + chunk],
-                use_reentrant=False,
+                gather, head, states[i : i + chunk], targets[i : i + chunk], use_reentrant=False
             )
             for i in range(0, len(targets), chunk)
         ]
-        results.append(torch.cat(pieces) if pieces else torch.zeros(0))
-    return results
+        logprobs.append(torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0))
+        entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
+    return logprobs, entropies
 
 
 def _gather_logprobs(
     head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(states).float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0], torch.zeros(0)
+
+
+def _gather_logprobs_and_entropy(
+    head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(states).float()
+    logsoftmax = torch.log_softmax(logits, dim=-1)
+    gathered = logsoftmax.gather(-1, targets[:, None])[:, 0]
+    # last, and without gradient: the recomputation in backward stops once it has the
+    # tensors backward needs (non-reentrant checkpoint's early stop), before this
+    with torch.no_grad():
+        return gathered, entropy(logsoftmax)
 
 
 def set_mmap_threshold(size: int) -> bool:
@@ -212,6 +262,9 @@ class Learner:
         self.trained_seqs: tuple[int, ...] = ()
         self.ledger: list[list[int]] = []
         """The store seqs trained at each step, in order: checkpointed with the weights."""
+        self.start_weights: dict[str, torch.Tensor] | None = None
+        """A frozen copy of the LoRA weights of the first policy step, RL's start (the
+        reference of `StepMetrics.kl_to_start`; `trainer.kl_estimate`): checkpointed."""
 
     def step(
         self, samples: list[TrainSample], objective: str = "policy", lr: float | None = None
@@ -227,9 +280,11 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr if lr is None else lr
         started = time.monotonic()
+        if objective == "policy" and self.config.kl_estimate and self.start_weights is None:
+            self.start_weights = {name: p.detach().clone() for name, p in self._trainable()}
         sums = self.accumulate_gradients(samples, objective)
         norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.requires_grad], self.config.grad_clip
+            [p for _, p in self._trainable()], self.config.grad_clip
         )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -246,7 +301,9 @@ class Learner:
             tokens=total,
             loss=sums["loss"],
             kl=sums["kl"],
-            clip_fraction=sums["clip"] / max(sums["batches"], 1),
+            kl_to_start=sums["kl_start"] if "kl_start" in sums else None,
+            entropy=sums["entropy"] / total if total else None,
+            clip_fraction=sums["clip"] / max(total, 1),
             mean_advantage=sum(advantages) / max(len(advantages), 1),
             logprob_gap=sums["gap"] / max(sums["gap_tokens"], 1),
             logprob_gap_max=sums["gap_max"],
@@ -257,40 +314,47 @@ class Learner:
     def accumulate_gradients(
         self, samples: list[TrainSample], objective: str = "policy"
     ) -> dict[str, float]:
-        """Backward passes over micro-batches of `samples`, gradients summed in place."""
+        """Backward passes over micro-batches of `samples`, gradients summed in place;
+        returns the step's sums (`kl_start`, the k3 sum over tokens / total, only where the
+        policy objective has RL's starting weights to score against)."""
         batches = micro_batches(samples, self.config.micro_batch_tokens)
         total = sum(len(s.completion_ids) for s in samples)
+        names = ("loss", "kl", "entropy", "clip", "gap", "gap_max", "gap_tokens")
+        sums: dict[str, float] = dict.fromkeys(names, 0.0) | {"batches": len(batches)}
         if objective == "nll":
-            sums = dict.fromkeys(("loss", "kl", "clip", "gap", "gap_max", "gap_tokens"), 0.0)
             for batch in batches:
-                logprobs = _pad(self._logprobs(batch))
+                rows, entropies = self._logprobs_and_entropy(batch)
+                logprobs = _pad(rows)
                 mask = _pad([torch.ones(len(s.completion_ids)) for s in batch]).to(logprobs.device)
                 loss = nll_loss(logprobs, mask, total)
                 loss.backward()
                 sums["loss"] += loss.item()
-            return sums | {"batches": len(batches)}
+                sums["entropy"] += float(sum(e.sum() for e in entropies))
+            return sums
         base = self._base_logprobs(batches) if self.config.kl_weight else None
-        sums = {
-            "loss": 0.0,
-            "kl": 0.0,
-            "clip": 0.0,
-            "gap": 0.0,
-            "gap_max": 0.0,
-            "gap_tokens": 0,
-            "batches": len(batches),
-        }
+        start = None
+        if self.start_weights is not None:
+            start = self._start_logprobs(batches, self.start_weights)
+            sums["kl_start"] = 0.0
         for index, batch in enumerate(batches):
-            self._accumulate(batch, None if base is None else base[index], total, sums)
+            self._accumulate(
+                batch,
+                None if base is None else base[index],
+                None if start is None else start[index],
+                total,
+                sums,
+            )
         return sums
 
     def _accumulate(
         self,
         batch: list[TrainSample],
         base: list[torch.Tensor] | None,
+        start: list[torch.Tensor] | None,
         total: int,
         sums: dict[str, float],
     ) -> None:
-        logprobs = self._logprobs(batch)
+        logprobs, entropies = self._logprobs_and_entropy(batch)
         proximal = [row.detach() for row in logprobs]  # no update yet in this step
         current, prox = _pad(logprobs), _pad(proximal)
         device = current.device
@@ -314,9 +378,13 @@ class Learner:
             sums["kl"] += kl.item()
         loss.backward()
         sums["loss"] += loss.item()
-        sums["clip"] += clip_fraction(
-            current, prox, mask, self.config.clip_low, self.config.clip_high
-        )
+        if start is not None:
+            sums["kl_start"] += k3_kl(prox, _pad(start), mask, total).item()
+        sums["entropy"] += float(sum(e.sum() for e in entropies))
+        # against the rollout: the ratio to `prox` is 1 all through this single update.
+        # Token-weighted: the step's share, however the micro-batches split it.
+        shares = clip_fraction(prox, rollout, mask, self.config.clip_low, self.config.clip_high)
+        sums["clip"] += shares * float(mask.sum())
         for sample, learner_lp in zip(batch, proximal, strict=True):
             if sample.policy_version == self.version and sample.completion_ids:
                 gaps = (learner_lp.float().cpu() - torch.tensor(sample.rollout_logprobs)).abs()
@@ -331,18 +399,43 @@ class Learner:
             return [float(x) for x in self._logprobs([sample])[0].float().cpu()]
 
     def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:
+        return self._logprobs_and_entropy(batch, with_entropy=False)[0]
+
+    def _logprobs_and_entropy(
+        self, batch: list[TrainSample], with_entropy: bool = True
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         sequences = [list(s.prompt_ids) + list(s.completion_ids) for s in batch]
-        return token_logprobs(
+        return token_logprobs_and_entropy(
             self.model.get_base_model(),
             sequences,
             [len(s.prompt_ids) for s in batch],
             self.config.logprob_chunk,
+            with_entropy,
         )
+
+    def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
 
     def _base_logprobs(self, batches: list[list[TrainSample]]) -> list[list[torch.Tensor]]:
         """Log-probs under the base model (the adapter off), for the KL term."""
         with torch.no_grad(), self.model.disable_adapter():
             return [self._logprobs(b) for b in batches]
+
+    def _start_logprobs(
+        self, batches: list[list[TrainSample]], weights: dict[str, torch.Tensor]
+    ) -> list[list[torch.Tensor]]:
+        """Log-probs under the LoRA `weights` (RL's start), swapped in for one no-grad pass
+        and back: the tensors trade places, nothing is copied."""
+        params = self._trainable()
+        current = [p.data for _, p in params]
+        try:
+            with torch.no_grad():
+                for name, p in params:
+                    p.data = weights[name]
+                return [self._logprobs(b) for b in batches]
+        finally:
+            for (_, p), data in zip(params, current, strict=True):
+                p.data = data
 
     # -- publishing and checkpoints ------------------------------------------------------
     def start_from(self, adapter: str | Path) -> Path:
@@ -389,11 +482,15 @@ class Learner:
         return target
 
     def save_checkpoint(self, cursor: dict[str, Any]) -> Path:
-        """Adapter, optimiser, step, version, RNG states and the caller's cursor, atomically:
-        a crash mid-write leaves the previous checkpoint intact."""
+        """Adapter, optimiser, step, version, RNG states, RL's starting weights and the
+        caller's cursor, atomically: a crash mid-write leaves the previous checkpoint intact."""
+        from safetensors.torch import save_file
 
         def write(staging: Path) -> dict[str, Any]:
             self.model.save_pretrained(staging / "adapter")
+            if self.start_weights is not None:
+                start = {name: w.cpu() for name, w in self.start_weights.items()}
+                save_file(start, staging / START_WEIGHTS)
             torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             torch.save(rng, staging / "rng.pt")
@@ -426,6 +523,9 @@ class Learner:
         self.step_count, self.version = state["step"], state["version"]
         self.trained_seqs = tuple(state["trained_seqs"])
         self.ledger = [list(seqs) for seqs in state["ledger"]]
+        start = found / START_WEIGHTS
+        if self.config.kl_estimate and start.exists():
+            self.start_weights = load_file(start, device=str(self.device))
         logger.info(
             "resumed from %s at step %d (adapter v%d)", found, self.step_count, self.version
         )
@@ -434,6 +534,9 @@ class Learner:
 
 OBJECTIVES = ("policy", "nll")
 """What `Learner.step` can minimise."""
+
+START_WEIGHTS = "start.safetensors"
+"""A checkpoint's copy of `Learner.start_weights` (absent before RL's first step)."""
 
 
 def resolve_adapter(path: str | Path) -> Path:

@@ -50,10 +50,25 @@ def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: int) -> t
 def kl_to_base(
     logprobs: torch.Tensor, base_logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: int
 ) -> torch.Tensor:
-    """KL(policy || base) per token with the k3 estimator exp(d) - d - 1, d = base - policy:
-    non-negative, unbiased, low variance (Schulman's approximation)."""
-    delta = base_logprobs.detach() - logprobs
+    """KL(policy || base), the penalty of `trainer.kl_weight`: `k3_kl` against the base
+    model's log-probs."""
+    return k3_kl(logprobs, base_logprobs, mask, total_tokens)
+
+
+def k3_kl(
+    logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: int
+) -> torch.Tensor:
+    """KL(policy || reference) from the sampled tokens alone, with the k3 estimator
+    exp(d) - d - 1, d = reference - policy, per token: non-negative, unbiased, low variance
+    (Schulman's approximation). No gradient flows into the reference."""
+    delta = reference_logprobs.detach() - logprobs
     return ((torch.exp(delta) - delta - 1.0) * mask).sum() / max(total_tokens, 1)
+
+
+def entropy(logprobs: torch.Tensor) -> torch.Tensor:
+    """The entropy -sum p log p of each distribution over the last dimension (the
+    vocabulary), from its log-probs; a distribution that has stopped exploring has ~0."""
+    return -(logprobs.exp() * logprobs).sum(-1)
 
 
 def clip_fraction(

@@ -13,7 +13,8 @@ on resume, and stops the run when one of them fails.
 - training (`trainers.training.TrainLoop`): once enough judged turns of complete groups are
   there, selects samples by the method, takes one optimiser step, checkpoints, marks the
   turns, and publishes the new adapter to the engine, which swaps it in without stopping
-  service.
+  service. Groups of several rollouts that scored the same are filtered out
+  (`method.filter_groups`); `rollout.max_signalless_groups` of one env in a row stop the run.
 
 With `overlap=False` the same three phases run strictly one after the other (the baseline of
 the async-speedup benchmark). A restart on the same run directory resumes from the last
@@ -41,7 +42,7 @@ from trainers.metrics import CHECKPOINT_KEY, MetricsWriter
 from trainers.progress import Progress
 from trainers.rollouts import EnvSlot, EpisodePlayer, MakeEnv, RolloutLoop
 from trainers.samples import reward_weights
-from trainers.sft import SFTLoop, prepare_demonstrations
+from trainers.sft import NoDemonstrations, SFTLoop, prepare_demonstrations
 from trainers.training import Publish, TrainLoop
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class Pipeline:
         self.warm_start = config.sft.warm_start_steps if warm else 0
         """Supervised steps on demonstrations before an RL method's first step."""
         self.total_steps = config.trainer.max_steps + self.warm_start
+        if evaluator is not None and self.warm_start:
+            evaluator.switch_step = self.warm_start
         kinds = {name: env.judge or config.judge.kind for name, env in config.env.items()}
         self.judging = JudgeLoop(
             store, judge, judges_by_env, config.method.name in ("opd", "combine"), self.progress
@@ -141,6 +144,7 @@ class Pipeline:
                 self.progress,
                 metrics,
                 run_dir,
+                max_signalless_groups=config.rollout.max_signalless_groups,
             )
             self.slots = {
                 name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()
@@ -199,11 +203,16 @@ class Pipeline:
     def _warm_start(self) -> None:
         """`sft.warm_start_steps` supervised steps before RL (skipped where a resumed run
         took them), evaluated at their end; then the demonstrations leave the pipeline:
-        their turns, trained or not, are never judged or trained as rollouts."""
+        their turns, trained or not, are never judged or trained as rollouts. Skipped,
+        with a warning, where no env could demonstrate.
+
+        Raises:
+            DemonstrationsFailed: every demonstration failed (stops the run before RL).
+        """
         assert self.supervised is not None
         try:
             self.supervised.demonstrations()
-        except ValueError as none:
+        except NoDemonstrations as none:  # all failed (DemonstrationsFailed): the run stops
             logger.warning("no warm start: %s", none)
             self.total_steps = self.config.trainer.max_steps
             return

@@ -72,6 +72,9 @@ class Progress:
     recent_rewards: list[float] = field(default_factory=list)
     recent_judge_scores: list[float] = field(default_factory=list)
     by_env: dict[str, EnvProgress] = field(default_factory=dict)
+    group_variance_share: float | None = None
+    """The last step's share of baseline groups whose rewards differed
+    (`trainers.diagnostics.variance_share`); None: no step, or no group of several."""
 
     def env(self, name: str) -> EnvProgress:
         """The counters of env `name` (made on first use)."""
@@ -106,6 +109,21 @@ def episode_summary(episodes: Sequence[EpisodeRecord]) -> dict[str, Any]:
         "failed": sum(e.status == "failed" for e in episodes),
         "truncated": sum(e.status == "truncated" for e in episodes),
     }
+
+
+def learning_health(progress: Progress) -> str:
+    """The progress bar's view of whether the last step could learn: its share of groups
+    with reward variance, the policy's entropy and its KL to where RL started (each left
+    out where unknown)."""
+    step = progress.steps[-1] if progress.steps else None
+    parts = []
+    if progress.group_variance_share is not None:
+        parts.append(f"varied groups {progress.group_variance_share:.0%}")
+    if step is not None and step.entropy is not None:
+        parts.append(f"entropy {step.entropy:.2f}")
+    if step is not None and step.kl_to_start is not None:
+        parts.append(f"kl {step.kl_to_start:.4f}")
+    return "".join(f" | {part}" for part in parts)
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -49,7 +49,7 @@ from trainers.judge import build_judge
 from trainers.learner import Learner
 from trainers.metrics import MetricsWriter, Record, read_metrics, step_rows
 from trainers.pipeline import Pipeline
-from trainers.progress import Progress, episode_summary
+from trainers.progress import Progress, episode_summary, learning_health
 from trainers.rollouts import EpisodePlayer, LocalPlayer
 
 logger = logging.getLogger(__name__)
@@ -383,6 +383,7 @@ class _live_progress:  # noqa: N801 (used as a context manager)
             f" | loss {loss} | episodes {p.episodes} | judged {p.turns_judged} ({rate:.2f}/s)"
             f" | trained {p.turns_trained}"
         )
+        text += learning_health(p)
         if len(p.by_env) > 1:  # a mixture: each env's episodes and recent reward
             text += " | " + " ".join(
                 f"{name} {len(env.episodes)}:{env.mean_recent_reward:.2f}"
@@ -395,10 +396,53 @@ def _held_out(score: dict[str, Any] | None) -> str:
     """One held-out evaluation as the summary shows it; '-' for a before not taken."""
     if score is None:
         return "- (eval.before off)"
-    return (
-        f"{score['pass_at_1']:.3f} [{score['low']:.3f}, {score['high']:.3f}] "
-        f"reward {score['reward']:.3f}"
-    )
+    shown = f"pass@1 {score['pass_at_1']:.3f} [{score['low']:.3f}, {score['high']:.3f}]"
+    if score.get("pass_at_k") is not None:
+        shown += (
+            f", pass@{score['k']} {score['pass_at_k']:.3f} "
+            f"[{score['pass_at_k_low']:.3f}, {score['pass_at_k_high']:.3f}]"
+        )
+    return shown + f", reward {score['reward']:.3f} (n={score['episodes']})"
+
+
+def gain(start: dict[str, Any] | None, end: dict[str, Any] | None) -> str:
+    """What a stretch of training gave held-out pass@1, and whether the two 95% intervals
+    are disjoint (the gain is then beyond the noise of n tasks)."""
+    if start is None or end is None:
+        return "-"
+    delta = end["pass_at_1"] - start["pass_at_1"]
+    apart = end["low"] > start["high"] or end["high"] < start["low"]
+    return f"{delta:+.3f} ({'intervals disjoint' if apart else 'intervals overlap'})"
+
+
+def _held_out_rows(name: str, scores: dict[str, Any]) -> list[tuple[str, str]]:
+    """The final table's rows of one env's held-out evaluations: before, at the switch from
+    imitation to RL, after, and what each phase gave."""
+    before, switch, after = scores["before"], scores.get("switch"), scores["after"]
+    rows = [(f"held-out {name} before", _held_out(before))]
+    if switch is not None:
+        rows += [
+            (f"held-out {name} after imitation (step {switch['step']})", _held_out(switch)),
+            (f"held-out {name} after RL (step {after['step']})", _held_out(after)),
+            (f"held-out {name}: imitation gave", gain(before, switch)),
+            (f"held-out {name}: RL gave", gain(switch, after)),
+        ]
+    else:
+        rows += [
+            (f"held-out {name} after (step {after['step']})", _held_out(after)),
+            (f"held-out {name}: training gave", gain(before, after)),
+        ]
+    if len(scores["curve"]) > 2:
+        rows.append(
+            (
+                f"held-out {name} by step",
+                ", ".join(
+                    f"{step}: {p1:.3f}" + ("" if pk is None else f"/{pk:.3f}")
+                    for step, p1, pk in scores["curve"]
+                ),
+            )
+        )
+    return rows
 
 
 def _report(summary: RunSummary) -> None:
@@ -411,16 +455,8 @@ def _report(summary: RunSummary) -> None:
     for key, value in asdict(summary).items():
         if key == "held_out":
             for name, scores in value.items():
-                before, after = scores["before"], scores["after"]
-                table.add_row(
-                    f"held-out {name}",
-                    f"pass@1 {_held_out(before)} -> {_held_out(after)} (n={after['episodes']})",
-                )
-                if len(scores["curve"]) > 2:
-                    table.add_row(
-                        f"held-out {name} by step",
-                        ", ".join(f"{step}: {p:.3f}" for step, p in scores["curve"]),
-                    )
+                for row in _held_out_rows(name, scores):
+                    table.add_row(*row)
             continue
         if key == "envs":
             for name, figures in value.items():

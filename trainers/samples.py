@@ -8,10 +8,16 @@ turns of that group at the same step index (OpenClaw-RL's step-wise baseline;
 its group, keeps its raw reward. Turns that carry
 no signal under the method, or that come from an adapter older than `max_staleness`
 versions, are dropped: consumed, never trained.
+
+A group of several rollouts with no signal at all (every reward equal to its baseline's
+mean; opd and combine: no hint either) is dropped whole with `method.filter_groups`
+(dynamic sampling, DAPO); without it, binary trains its turns at advantage 0. Either way
+`Selection.groups` says which groups had a signal, for the run's watch on them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +37,21 @@ from trainers.learner import TrainSample
 
 
 @dataclass(frozen=True)
+class GroupSignal:
+    """Whether a group of several rollouts of one task gives the method anything to learn."""
+
+    group_id: str
+    env_id: str
+    signal: bool
+    """binary and combine: some turn's reward differs from its baseline's mean; opd and
+    combine: the judge accepted a hint for some turn."""
+    rewards: tuple[float, ...]
+    """The distinct rewards of its turns, sorted; empty where no turn had one."""
+    session_id: str
+    """Its first episode (the session of its oldest turn)."""
+
+
+@dataclass(frozen=True)
 class Selection:
     """What a batch of judged turns becomes."""
 
@@ -39,6 +60,8 @@ class Selection:
     """Sequence numbers of turns consumed without training."""
     stale: int
     """How many of the dropped were too old."""
+    groups: tuple[GroupSignal, ...] = ()
+    """The groups of several rollouts among the fresh turns, in the order of their last turn."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +116,15 @@ def select(
         session = sessions[turn.session_id]
         rewards[seq] = turn_reward(turn, session, weights.get(session.env_id, RewardWeights()))
     centred = _centred(fresh, rewards, sessions, method)
+    groups = group_signals(fresh, rewards, centred, sessions, method)
+    several = {g.group_id for g in groups}
+    silent = {g.group_id for g in groups if not g.signal}
     samples = []
     for seq, turn in fresh:
-        advantages = _advantages(turn, rewards[seq], centred.get(seq), method)
-        if advantages is None:
+        group = sessions[turn.session_id].group_id
+        keep_zero = group in several and not method.filter_groups
+        advantages = _advantages(turn, rewards[seq], centred.get(seq), method, keep_zero)
+        if advantages is None or (method.filter_groups and group in silent):
             dropped.append(seq)
             continue
         samples.append(
@@ -109,7 +137,35 @@ def select(
                 policy_version=turn.policy_version,
             )
         )
-    return Selection(tuple(samples), tuple(dropped), stale=len(judged) - len(fresh))
+    return Selection(tuple(samples), tuple(dropped), len(judged) - len(fresh), groups)
+
+
+def group_signals(
+    turns: Sequence[tuple[int, Turn]],
+    rewards: Mapping[int, float | None],
+    centred: Mapping[int, float],
+    sessions: Mapping[str, Session],
+    method: MethodConfig,
+) -> tuple[GroupSignal, ...]:
+    """Each group of several rollouts among `turns` (sessions sharing a group id in
+    `sessions`), in the order of its last turn, with whether it carries a signal."""
+    sizes = Counter(s.group_id for s in sessions.values() if s.group_id)
+    members: dict[str, list[tuple[int, Turn]]] = {}
+    for seq, turn in turns:
+        group = sessions[turn.session_id].group_id
+        if group and sizes[group] > 1:
+            members.setdefault(group, []).append((seq, turn))
+    signals = []
+    for group, grouped in sorted(members.items(), key=lambda item: max(s for s, _ in item[1])):
+        hinted = method.name != "binary" and any(
+            t.judgement is not None and t.judgement.teacher_logprobs is not None for _, t in grouped
+        )
+        contrast = method.name != "opd" and any(centred.get(s) for s, _ in grouped)
+        values = sorted({r for s, _ in grouped if (r := rewards[s]) is not None})
+        first = grouped[0][1].session_id
+        env = sessions[first].env_id
+        signals.append(GroupSignal(group, env, hinted or contrast, tuple(values), first))
+    return tuple(signals)
 
 
 def baseline_key(turn: Turn, session: Session, baseline: str = "step") -> tuple[str, int]:
@@ -135,14 +191,21 @@ def _centred(
 
 
 def _advantages(
-    turn: Turn, reward: float | None, centred: float | None, method: MethodConfig
+    turn: Turn,
+    reward: float | None,
+    centred: float | None,
+    method: MethodConfig,
+    keep_zero: bool = False,
 ) -> torch.Tensor | None:
     rollout = torch.tensor(turn.completion_logprobs)
     teacher = turn.judgement.teacher_logprobs if turn.judgement else None
     teacher_tensor = None if teacher is None else torch.tensor(teacher)
     if method.name == "binary":
-        # A zero advantage (a uniform group) would train on nothing: drop it instead.
-        return None if not centred else torch.full_like(rollout, centred)
+        # A zero advantage (a uniform group) trains on nothing: dropped, unless the step
+        # takes whole groups as they come (`keep_zero`, DAPO's baseline without filtering).
+        if centred is None or (centred == 0 and not keep_zero):
+            return None
+        return torch.full_like(rollout, centred)
     if method.name == "opd":
         return None if teacher_tensor is None else opd_advantages(teacher_tensor, rollout)
     score = 0.0 if centred is None else centred

@@ -15,7 +15,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 
 import gymnasium as gym
@@ -24,9 +24,11 @@ from agents import models
 from agents.demonstrations import (
     DEMONSTRATION,
     NoReferenceAgent,
+    end_reason,
     import_parquet,
     record_demonstrations,
 )
+from agents.rollout import EpisodeSummary
 from agents.store import Store
 from agents.trajectory import Turn, TurnStatus, TurnType
 from trainers.config import SFTConfig, TrainerConfig
@@ -38,6 +40,26 @@ logger = logging.getLogger(__name__)
 
 REFERENCE = "reference"
 """`sft.demonstrations` for the envs' reference agents."""
+
+
+class NoDemonstrations(ValueError):
+    """The store holds no demonstration: none of the run's envs has a reference agent to
+    record one, and none was imported. A warm start is skipped; an SFT run cannot train."""
+
+
+class DemonstrationsFailed(ValueError):
+    """Demonstrations were recorded (or imported) and every one failed: supervised steps
+    would teach nothing, so the run stops before any RL.
+
+    Args:
+        failures: for each env, how many failed and why the first one did (`failures`).
+    """
+
+    def __init__(self, failures: str):
+        super().__init__(
+            f"{failures}: nothing to imitate; fix what failed them, or set "
+            "sft.warm_start_steps=0 to start RL from the base model"
+        )
 
 
 def prepare_demonstrations(
@@ -52,7 +74,11 @@ def prepare_demonstrations(
     """Puts the run's demonstrations into its store, once: a resumed run finds them there.
 
     Reference demonstrations are scored by the learner's current policy (their stored
-    log-probs), whose version they carry.
+    log-probs), whose version they carry. An env whose demonstrations all failed is named in
+    a warning while another env's train.
+
+    Raises:
+        DemonstrationsFailed: no demonstration of any env would train.
     """
     if any(DEMONSTRATION in s.metadata for s in store.sessions()):
         return
@@ -60,9 +86,10 @@ def prepare_demonstrations(
         import_parquet(store, sft.demonstrations)
         return
     tokenizer = models.load_tokenizer(model_name)
+    recorded: dict[str, list[EpisodeSummary]] = {}
     for name, make in make_envs.items():
         try:
-            record_demonstrations(
+            recorded[name] = record_demonstrations(
                 make,
                 name,
                 store,
@@ -75,6 +102,31 @@ def prepare_demonstrations(
             )
         except NoReferenceAgent as missing:  # the other envs may still demonstrate
             logger.warning("no demonstrations of %s: %s", name, missing)
+    floor = sft.min_outcome_reward
+    failed = {  # `SFTLoop.demonstrations`' choice: turns, and an outcome above the floor
+        name: summaries
+        for name, summaries in recorded.items()
+        if not any(s.turns and (floor is None or s.total_reward > floor) for s in summaries)
+    }
+    if failed and len(failed) == len(recorded):
+        raise DemonstrationsFailed(failures(failed, floor))
+    if failed:
+        logger.warning("%s; the other envs' demonstrations train", failures(failed, floor))
+
+
+def failures(failed: Mapping[str, Sequence[EpisodeSummary]], floor: float | None) -> str:
+    """Says, for each env, that its demonstrations all failed, and why the first one did
+    (the error that cut it short, or its end and a reward not above `floor`)."""
+    parts = []
+    for name, summaries in failed.items():
+        first = summaries[0]
+        reason = end_reason(first)
+        if first.error is None and floor is not None and first.total_reward <= floor:
+            reason += f", not above sft.min_outcome_reward={floor}"
+        parts.append(
+            f"all {len(summaries)} demonstrations of env {name!r} failed (the first: {reason})"
+        )
+    return "; ".join(parts)
 
 
 class SFTLoop:
@@ -111,7 +163,9 @@ class SFTLoop:
         """The main turns that train, by store seq (read once: they never change).
 
         Raises:
-            ValueError: there are none.
+            NoDemonstrations: none was recorded or imported.
+            DemonstrationsFailed: every one failed (a resumed run, or an imported export,
+                finds them so in the store).
         """
         if self._turns is None:
             floor = self.sft.min_outcome_reward
@@ -127,12 +181,22 @@ class SFTLoop:
                 if turn.session_id in chosen and turn.completion_token_ids
             ]
             if not self._turns:
-                raise ValueError(
-                    "no demonstration to learn from: every one failed its task, or none was "
-                    "recorded (sft.min_outcome_reward=null keeps failed ones)"
-                )
+                raise self._none_trains()
             logger.info("%d demonstration turns from %d sessions", len(self._turns), len(chosen))
         return self._turns
+
+    def _none_trains(self) -> ValueError:
+        """Why no demonstration of the store trains, as the error to raise."""
+        recorded: dict[str, list[EpisodeSummary]] = {}
+        for session in self.store.sessions():  # oldest first: the first failure leads
+            if DEMONSTRATION in session.metadata:
+                recorded.setdefault(session.env_id, []).append(EpisodeSummary.of(session))
+        if not recorded:
+            return NoDemonstrations(
+                "no demonstration to learn from: none of the run's envs has a reference "
+                "agent to record one, and none was imported (sft.demonstrations)"
+            )
+        return DemonstrationsFailed(failures(recorded, self.sft.min_outcome_reward))
 
     def retire(self) -> None:
         """Drops the demonstration turns no step trained, so that an RL method that

@@ -157,6 +157,10 @@ class TinkerLearner:
             tokens=total,
             loss=float(output.metrics.get("loss:sum", 0.0)),
             kl=0.0,
+            # the service returns the sampled tokens' log-probs only: no distribution to take
+            # an entropy of, and no frozen starting weights to score them under
+            kl_to_start=None,
+            entropy=None,
             clip_fraction=clipped / max(completion_tokens, 1),
             mean_advantage=sum(advantages) / max(len(advantages), 1),
             logprob_gap=gap / max(gap_tokens, 1),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,10 +15,19 @@ from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
 from trainers.config import MethodConfig, TrainerConfig
+from trainers.diagnostics import RewardGroups, mean_abs, nonzero_share, variance_share
 from trainers.learner import Learner, StepMetrics, TrainSample
 from trainers.metrics import CHECKPOINT_KEY, MetricsWriter, Record, record
 from trainers.progress import Progress, episode_summary
-from trainers.samples import RewardWeights, Selection, baseline_key, first_batch, select
+from trainers.samples import (
+    GroupSignal,
+    RewardWeights,
+    Selection,
+    baseline_key,
+    first_batch,
+    select,
+    turn_reward,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +49,8 @@ class TrainLoop:
         progress: the run's counters.
         metrics: where each step's rows go.
         run_dir: the run directory (adapters live under it).
+        max_signalless_groups: groups of one env in a row without a learning signal before
+            the run stops (`SignalWatch`); 0: never.
     """
 
     def __init__(
@@ -54,6 +65,7 @@ class TrainLoop:
         progress: Progress,
         metrics: MetricsWriter | None,
         run_dir: Path,
+        max_signalless_groups: int = 0,
     ):
         self.trainer, self.method, self.envs, self.weights = trainer, method, envs, weights
         self.learner, self.store, self.publish = learner, store, publish
@@ -61,6 +73,15 @@ class TrainLoop:
         self.in_training = 0
         """Turns of the batch the learner is on (still judged in the store until done)."""
         self._started = time.monotonic()
+        self._reward_groups = RewardGroups()
+        """The baseline groups' rewards seen since the last step (`group_variance_share`)."""
+        self.watch = SignalWatch(
+            max_signalless_groups, self._episode_end, hints=method.name in ("opd", "combine")
+        )
+        self._seen_groups: set[str] = set()
+        """The groups the last selection held (a group left for a later step is seen once)."""
+        self._filtered: dict[str, int] = {}
+        """Groups `method.filter_groups` dropped since the last step, by env."""
 
     def waiting(self) -> int:
         """Turns waiting to be trained, less the batch being trained (the rollout plays
@@ -98,6 +119,7 @@ class TrainLoop:
         env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
         for seq in selection.dropped:
             self.progress.env(env_of[seq]).turns_dropped += 1
+        self._watch(selection.groups)
         if len(selection.samples) < self.trainer.batch_turns:
             return None
         # `batch_turns` a step; the rest stay judged for the next one
@@ -128,7 +150,8 @@ class TrainLoop:
             adapter = self.learner.save_adapter()
             # the step's metrics go into its checkpoint: a kill before they reach
             # metrics.jsonl below loses no row (`trainers.metrics` says the rule)
-            records = self._records(metrics, selection, ready, sessions, staleness_by_env)
+            records = self._records(metrics, batch, selection, ready, sessions, staleness_by_env)
+            records = self._with_filtered(records)
             self.learner.save_checkpoint(
                 {
                     "trained_turns": self.progress.turns_trained + len(batch),
@@ -160,7 +183,8 @@ class TrainLoop:
         return metrics
 
     def _ready_turns(self) -> tuple[list[tuple[int, Turn]], dict[str, Session]]:
-        """Judged main turns whose whole group is finished and judged (for the baseline)."""
+        """Judged main turns whose whole group is finished and judged (for the baseline),
+        their rewards tallied by baseline group for the next step's row."""
         judged = self.store.turns(status=TurnStatus.JUDGED, turn_type=TurnType.MAIN)
         sessions = {
             s.session_id: s
@@ -186,17 +210,71 @@ class TrainLoop:
         ready = [
             (q, t) for q, t in judged if (sessions[t.session_id].group_id or "") in complete | {""}
         ]
+        # every poll, not only a step's: a group filtered out is dropped at the first
+        self._reward_groups.see(self._rewards(ready, sessions))
         return ready, sessions
+
+    def _rewards(
+        self, turns: list[tuple[int, Turn]], sessions: Mapping[str, Session]
+    ) -> list[tuple[tuple[str, int], int, float | None]]:
+        """Each turn's baseline group, seq and reward, as `select` reckons them."""
+        rewarded = []
+        for seq, turn in turns:
+            session = sessions[turn.session_id]
+            weights = self.weights.get(session.env_id, RewardWeights())
+            key = baseline_key(turn, session, self.method.baseline)
+            rewarded.append((key, seq, turn_reward(turn, session, weights)))
+        return rewarded
+
+    def _watch(self, groups: Sequence[GroupSignal]) -> None:
+        """Counts the groups a selection holds for the first time: those filtered out, and
+        each one in the watch for a run of groups without signal (which may stop the run)."""
+        new = [g for g in groups if g.group_id not in self._seen_groups]
+        self._seen_groups = {g.group_id for g in groups}
+        for group in new:
+            if self.method.filter_groups and not group.signal:
+                self._filtered[group.env_id] = self._filtered.get(group.env_id, 0) + 1
+            self.watch.see(group)
+
+    def _with_filtered(self, records: list[Record]) -> list[Record]:
+        """The step's records with `filtered_groups`, the groups dropped since the last step
+        (`method.filter_groups`): their total in the run's row, each env's in its own."""
+        filtered, self._filtered = self._filtered, {}
+        total = sum(filtered.values())
+        return [
+            r | {"filtered_groups": filtered.get(r["env"], 0) if "env" in r else total}
+            for r in records
+        ]
+
+    def _episode_end(self, session_id: str) -> str:
+        """How an episode ended, for a message: its status, why (its `end_reason`) and the
+        gist of its last observation."""
+        session = self.store.session(session_id)
+        end = f"{session.status} ({session.metadata.get('end_reason') or 'no reason stored'})"
+        main = [t for t in session.turns if t.turn_type == TurnType.MAIN]
+        last = main[-1].next_state if main else None
+        if last:
+            gist = " ".join(str(last[-1].get("content") or "").split())
+            end += f", last observation {gist[:160]!r}"
+        return end
 
     def _records(
         self,
         metrics: StepMetrics,
+        batch: Sequence[TrainSample],
         selection: Selection,
         ready: list[tuple[int, Turn]],
         sessions: Mapping[str, Session],
         staleness_by_env: Mapping[str, list[int]],
     ) -> list[Record]:
-        """The step's records for metrics.jsonl: the run's row, then one per env."""
+        """The step's records for metrics.jsonl: the run's row, then one per env. The row
+        has the learner's `StepMetrics` and whether the step had anything to learn from:
+        `group_variance_share` (of the baseline groups seen since the last step, those whose
+        rewards differ), `nonzero_advantage_share` (of the trained turns) and
+        `mean_abs_advantage` (over the trained tokens)."""
+        advantages = [s.advantages for s in batch]
+        share = variance_share(self._reward_groups.take())
+        self.progress.group_variance_share = share  # the progress bar's
         scores_by_env: dict[str, list[float]] = {}
         for _, turn in ready:
             if turn.judgement is not None:
@@ -210,6 +288,9 @@ class TrainLoop:
             "stale": selection.stale,
             "episodes": self.progress.episodes,
             "recent_reward": self.progress.mean_recent_reward,
+            "group_variance_share": _rounded(share),
+            "nonzero_advantage_share": _rounded(nonzero_share(advantages)),
+            "mean_abs_advantage": _rounded(mean_abs(advantages)),
         }
         dropped_by_env: dict[str, int] = {}
         env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
@@ -237,3 +318,56 @@ class TrainLoop:
 
 def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 6) if values else None
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+class SignalWatch:
+    """Stops a run once one env's groups of several rollouts have carried no learning signal
+    (`samples.GroupSignal`) `limit` times in a row: a policy that never solves a task (say,
+    its warm start failed) or always does gives every rollout of a group the same reward,
+    and would otherwise play on forever learning nothing. Counted per env in the order the
+    groups are seen; a group with a signal starts its env's count again.
+
+    Args:
+        limit: signal-less groups in a row before the run stops; 0: never.
+        describe: how an episode ended (its session id's), for the message.
+        hints: the method also learns from hints (opd, combine), so a signal-less group had
+            none accepted either.
+    """
+
+    def __init__(self, limit: int, describe: Callable[[str], str], hints: bool = False):
+        self.limit, self.describe, self.hints = limit, describe, hints
+        self.first: dict[str, GroupSignal] = {}
+        """The first group of each env's current run of signal-less groups."""
+        self.counts: dict[str, int] = {}
+        """How long each env's current run is."""
+
+    def see(self, group: GroupSignal) -> None:
+        """Counts `group`; raises RuntimeError when its env's run reaches `limit`."""
+        if group.signal:
+            self.first.pop(group.env_id, None)
+            self.counts.pop(group.env_id, None)
+            return
+        first = self.first.setdefault(group.env_id, group)
+        count = self.counts[group.env_id] = self.counts.get(group.env_id, 0) + 1
+        if self.limit and count >= self.limit:
+            hint = ", no hint accepted" if self.hints else ""
+            raise RuntimeError(
+                f"env {group.env_id!r}: {count} groups in a row scored the same "
+                f"({_same(first.rewards)}{hint}), nothing to learn from; the first one's "
+                f"first episode ended {self.describe(first.session_id)}. Does the policy fail "
+                "(or solve) every task, after a warm start that failed, say? "
+                "rollout.max_signalless_groups=0 plays on regardless"
+            )
+
+
+def _same(rewards: tuple[float, ...]) -> str:
+    """What a signal-less group's rewards were, in words."""
+    if not rewards:
+        return "no turn had a reward"
+    if len(rewards) == 1:
+        return f"every reward {rewards[0]}"
+    return f"rewards {', '.join(map(str, rewards))}, each equal to its step's mean"

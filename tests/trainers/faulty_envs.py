@@ -5,7 +5,8 @@ user's own environment is trained.
 
 They stand in for failures that a real environment cannot be made to show on demand: a
 sandbox that dies in a way its env cannot recover from (the bwrap and Docker sandboxes
-restart a killed shell), and tool output that floods the context.
+restart a killed shell), tool output that floods the context, and a task no answer solves
+(every rollout of a group scores the same, as under a policy that never solves).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ class FaultyArith(ArithEnv):
 
     Args:
         fault: die (the step of the second turn of an odd-seeded episode raises, as a step
-            whose sandbox died does) or flood (turn n adds an observation of n times
+            whose sandbox died does), flood (turn n adds an observation of n times
             `flood_words` words: the history outgrows a small context, first so that
-            eliding older output makes it fit, then so that nothing can).
+            eliding older output makes it fit, then so that nothing can) or never (no
+            answer is ever right: every episode's outcome is 0).
         flood_words: words of the first flooding observation.
     """
 
@@ -46,6 +48,9 @@ class FaultyArith(ArithEnv):
             output = " ".join(["output"] * (self.flood_words * self._turn))
             return Reply(({"role": "user", "content": f"[log]\n{output}"},))
         return Reply(())
+
+    def _is_correct(self, answer: float) -> bool:
+        return self.fault != "never" and super()._is_correct(answer)
 
 
 gym.register("clawgym-test/Faulty-v0", entry_point=FaultyArith)

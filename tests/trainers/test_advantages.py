@@ -29,6 +29,15 @@ def test_uniform_group_has_zero_advantage():
     assert torch.equal(group_baseline(torch.tensor([1.0, 1.0]), [0, 0]), torch.zeros(2))
 
 
+@pytest.mark.parametrize("size", [3, 6, 7, 8])
+@pytest.mark.parametrize("scale_by_std", [False, True])
+def test_a_uniform_group_of_any_reward_centres_to_exactly_zero(size, scale_by_std):
+    # a float32 mean of 0.3s is off by 3e-8, which dividing by the std made 0.03
+    rewards = torch.full((size,), 0.3)
+    centred = group_baseline(rewards, ["g"] * size, scale_by_std)
+    assert torch.equal(centred, torch.zeros(size))
+
+
 @pytest.mark.parametrize(
     ("judge", "env", "expected"),
     [

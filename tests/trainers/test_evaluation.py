@@ -15,6 +15,8 @@ from trainers import evaluation
 from trainers.config import EvalConfig
 from trainers.evaluation import EvalScore, Evaluator, eval_row, score_of
 from trainers.metrics import MetricsWriter, read_metrics, record
+from trainers.run import gain
+from trainers.stats import wilson_interval
 
 
 class Reached(Exception):
@@ -77,7 +79,7 @@ def test_a_resumed_evaluator_keeps_its_before_and_plays_only_steps_not_yet_evalu
     held_out = evaluator.before_after()["arith"]
     assert held_out["before"] == dataclasses.asdict(before)
     assert held_out["after"] == dataclasses.asdict(at_two)
-    assert [step for step, _ in held_out["curve"]] == [0, 2]
+    assert [step for step, *_ in held_out["curve"]] == [0, 2]
 
 
 def test_an_env_sets_its_own_number_of_held_out_episodes(tmp_path):
@@ -162,3 +164,81 @@ def test_an_evaluation_stopped_halfway_plays_only_the_episodes_its_version_did_n
     assert taken[tasks[0]].terminated and taken[tasks[2]].status == SessionStatus.TRUNCATED
     assert evaluator().played("arith", 6, tasks) == {}
     store.close()
+
+
+def test_pass_at_k_counts_tasks_any_of_whose_samples_solved_them():
+    # three tasks, greedy: solved, failed, failed; their k = 2 samples: (1, 0), (0, 1), (0, 0)
+    greedy = [episode(1.0), episode(0.0), episode(0.0)]
+    samples = [[episode(1.0), episode(0.0)], [episode(0.0), episode(1.0)], [episode(0.0)] * 2]
+    held_out = evaluation.score(5, greedy, samples)
+    assert (held_out.k, held_out.pass_at_1) == (2, pytest.approx(1 / 3, abs=1e-6))
+    assert held_out.pass_at_k == pytest.approx(2 / 3, abs=1e-6)  # tasks 1 and 2 of 3
+    assert held_out.sampled_pass_at_1 == pytest.approx(2 / 6, abs=1e-6)  # 2 of 6 samples
+    low, high = wilson_interval(2, 3)
+    assert (held_out.pass_at_k_low, held_out.pass_at_k_high) == (
+        pytest.approx(low, abs=1e-6),
+        pytest.approx(high, abs=1e-6),
+    )
+    # without samples there is no pass@k, and an old metrics row (no pass@k fields) reads back
+    plain = evaluation.score(5, greedy)
+    assert (plain.k, plain.pass_at_k, plain.sampled_pass_at_1) == (0, None, None)
+    old_row = {k: v for k, v in eval_row(plain).items() if "pass_at_k" not in k}
+    old_row.pop("eval_k")
+    old_row.pop("eval_sampled_pass_at_1")
+    assert score_of(record(5, old_row, env="arith")) == plain
+    assert score_of(record(5, eval_row(held_out), env="arith")) == held_out
+
+
+def test_the_pass_at_k_samples_are_kept_apart_from_the_greedy_episodes_on_resume(tmp_path):
+    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
+    store = Store(tmp_path / "store.sqlite")
+    evaluator = Evaluator(
+        EvalConfig(episodes=2, pass_k=2),
+        {"arith": arith},
+        env_factory,
+        Tripwire(),
+        SamplingConfig(max_tokens=4),
+        None,
+        tmp_path,
+        store,
+    )
+    tasks = evaluator.held_out_tasks("arith")
+    store_episode(store, 0, "eval/arith", tasks[0], 5, 1.0)  # greedy
+    session = "sampled"
+    store.add_session(
+        Session(session, "eval/arith", task_id=tasks[0], metadata={evaluation.SAMPLE_KEY: 1})
+    )
+    store.add_turn(
+        make_turn(session_id=session, index=0, turn_type=TurnType.SIDE, policy_version=5)
+    )
+    store.finish_session(session, 0.0, SessionStatus.DONE, TERMINATED)
+    assert [s.session_id for s in evaluator.played("arith", 5, tasks).values()] == ["s0"]
+    assert [s.session_id for s in evaluator.played("arith", 5, tasks, 1).values()] == [session]
+    assert evaluator.played("arith", 5, tasks, 0) == {}
+    assert evaluator.pass_k == {"arith": 2}
+    store.close()
+
+
+def test_pass_k_defaults_to_each_envs_group_size(tmp_path):
+    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train"}, group_size=4)
+    evaluator = Evaluator(
+        EvalConfig(episodes=2),
+        {"arith": arith},
+        env_factory,
+        Tripwire(),
+        SamplingConfig(),
+        None,
+        tmp_path,
+    )
+    assert evaluator.pass_k == {"arith": 4}
+
+
+def test_a_phase_gain_says_whether_the_intervals_are_disjoint():
+    switch = {"pass_at_1": 0.30, "low": 0.22, "high": 0.40}
+    assert gain(switch, {"pass_at_1": 0.55, "low": 0.45, "high": 0.64}) == (
+        "+0.250 (intervals disjoint)"
+    )
+    assert gain(switch, {"pass_at_1": 0.38, "low": 0.29, "high": 0.48}) == (
+        "+0.080 (intervals overlap)"
+    )
+    assert gain(None, switch) == "-"

@@ -219,6 +219,30 @@ def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_pa
     assert summary.envs["dies"]["failed"] >= 1 and summary.envs["floods"]["truncated"] >= 1
 
 
+def test_a_run_whose_groups_all_score_the_same_stops_saying_so(tmp_path):
+    """An env no answer solves gives every rollout of a group the outcome 0: nothing to learn
+    from, so the run stops after `rollout.max_signalless_groups` groups, naming the env."""
+    from trainers.run import train as train_in_process
+
+    never = EnvConfig(id=FAULTY, kwargs={"fault": "never", "max_turns": 2}, group_size=2)
+    config = RunConfig(env={"never": never})
+    config.model.name = "tiny"
+    config.sampling.max_tokens = 8
+    config.judge.kind = "env"
+    config.method.name = "binary"
+    config.trainer.batch_turns = 2
+    config.trainer.lora_rank = 4
+    config.rollout.max_signalless_groups = 3
+    with pytest.raises(RuntimeError) as stopped:
+        train_in_process(config, tmp_path)
+    message = str(stopped.value)
+    assert "env 'never': 3 groups in a row scored the same (every reward 0.0)" in message
+    assert "first episode ended done (max_turns)" in message
+    with Store(tmp_path / "store.sqlite") as store:
+        assert store.count_turns(TurnStatus.TRAINED) == 0
+        assert store.count_turns(TurnStatus.DROPPED, TurnType.MAIN) >= 6  # filtered, marked
+
+
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
@@ -227,6 +251,7 @@ def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_pa
         (lambda c: setattr(c.env["chat"], "weight", 0.0), "env.chat.weight"),
         (lambda c: setattr(c.rollout, "groups_in_flight", 0), "groups_in_flight"),
         (lambda c: setattr(c.method, "baseline", "task"), "method.baseline"),
+        (lambda c: setattr(c.rollout, "max_signalless_groups", -1), "max_signalless_groups"),
         (lambda c: setattr(c.engine, "backend", "tgi"), "engine=embedded"),
         (lambda c: setattr(c.env["chat"], "id", "CartPole-v1"), "clawgym/"),
         (lambda c: setattr(c.method, "name", "ppo"), "method=binary"),

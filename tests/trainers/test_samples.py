@@ -193,3 +193,80 @@ def test_a_step_takes_the_oldest_whole_baseline_groups():
     assert [s.seq for s in first_batch(samples, keys, 4)] == [0, 1, 3, 2, 4]
     assert [s.seq for s in first_batch(samples, keys, 3)] == [0, 1, 3]
     assert [s.seq for s in first_batch(samples, keys, 99)] == [0, 1, 3, 2, 4, 5, 6]
+
+
+# Two groups of two rollouts: g contrasts a solved and a failed one, u failed both.
+MIXED = (("a", "g", 1.0), ("b", "g", 0.0), ("c", "u", 0.0), ("d", "u", 0.0))
+MIXED_TURNS = [(n, turn(sid)) for n, sid in enumerate("abcd", start=1)]
+
+
+def test_filtered_groups_are_dropped_whole_and_reported_without_signal():
+    result = run(MIXED_TURNS, sessions(*MIXED), use_judge=False)
+    assert {s.seq: s.advantages[0] for s in result.samples} == {1: 0.5, 2: -0.5}
+    assert result.dropped == (3, 4)
+    assert [(g.group_id, g.signal, g.rewards, g.session_id) for g in result.groups] == [
+        ("g", True, (0.0, 1.0), "a"),
+        ("u", False, (0.0,), "c"),
+    ]
+
+
+def test_without_filtering_a_uniform_group_trains_at_advantage_zero():
+    result = run(MIXED_TURNS, sessions(*MIXED), use_judge=False, filter_groups=False)
+    assert {s.seq: s.advantages for s in result.samples} == {
+        1: (0.5, 0.5),
+        2: (-0.5, -0.5),
+        3: (0.0, 0.0),
+        4: (0.0, 0.0),
+    }
+    assert result.dropped == ()
+    assert [g.signal for g in result.groups] == [True, False]  # the watch still sees it
+
+
+def test_a_turn_alone_in_its_group_is_neither_filtered_nor_kept_at_zero():
+    # a live turn and a group_size 1 episode: no variance to measure, so no group signal;
+    # a zero reward trains on nothing with or without filtering
+    found = sessions(("x", None, None), ("y", "solo", None))
+    judged = [(1, turn("x", score=1.0)), (2, turn("y", score=0.0)), (3, turn("y", 1, 1.0))]
+    for filtering in (True, False):
+        result = run(judged, found, filter_groups=filtering)
+        assert [s.seq for s in result.samples] == [1, 3] and result.dropped == (2,)
+        assert result.groups == ()
+
+
+def test_groups_are_listed_in_the_order_of_their_last_turn():
+    judged = [(1, turn("c")), (2, turn("a")), (3, turn("b")), (4, turn("d"))]
+    result = run(judged, sessions(*MIXED), use_judge=False)
+    assert [g.group_id for g in result.groups] == ["g", "u"]
+
+
+def test_a_group_with_equal_rewards_at_each_step_has_no_signal():
+    # the judge scored step 0 well and step 1 badly in both rollouts: no contrast at any step
+    found = sessions(("a", "g", None), ("b", "g", None))
+    judged = [
+        (1, turn("a", score=1.0)),
+        (2, turn("b", score=1.0)),
+        (3, turn("a", index=1, score=-1.0)),
+        (4, turn("b", index=1, score=-1.0)),
+    ]
+    (group,) = run(judged, found).groups
+    assert (group.signal, group.rewards) == (False, (-1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("method", "teacher", "signal"),
+    [
+        ("combine", (-0.5, -2.5), True),  # the teacher term still teaches
+        ("combine", None, False),
+        ("opd", (-0.5, -2.5), True),
+        ("opd", None, False),
+        ("binary", (-0.5, -2.5), False),  # binary never reads the hint
+    ],
+)
+def test_a_uniform_group_has_a_signal_only_where_the_method_learns_from_a_hint(
+    method, teacher, signal
+):
+    found = sessions(("a", "g", None), ("b", "g", None))
+    judged = [(1, turn("a", score=1.0, teacher=teacher)), (2, turn("b", score=1.0))]
+    result = run(judged, found, method=method)
+    assert [g.signal for g in result.groups] == [signal]
+    assert bool(result.samples) == signal

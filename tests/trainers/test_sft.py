@@ -1,19 +1,34 @@
 """Supervised fine-tuning (`method=sft`) on demonstrations, and RL that starts from its
 adapter (`trainer.init_adapter`)."""
 
+import dataclasses
+import functools
 import json
+import logging
 from collections import Counter
 
+import gymnasium as gym
 import pytest
 import torch
 
+import envs  # noqa: F401  (registers the clawgym/ environments)
+from agents.config import EnvConfig
 from agents.demonstrations import DEMONSTRATION
+from agents.rollout import EpisodeSummary
 from agents.store import Store
-from agents.trajectory import TurnType
+from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from tests.trainers.test_run import train
-from trainers.config import TrainerConfig
+from trainers.config import RunConfig, SFTConfig, TrainerConfig
 from trainers.learner import Learner
-from trainers.sft import batch_order
+from trainers.progress import Progress
+from trainers.sft import (
+    DemonstrationsFailed,
+    NoDemonstrations,
+    SFTLoop,
+    batch_order,
+    failures,
+    prepare_demonstrations,
+)
 
 # Four arith demonstrations make eight turns: one batch of all of them a step, so each
 # step's loss is the same turns' loss before that step's update.
@@ -136,7 +151,7 @@ def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(
     )
     assert (summary["steps"], summary["adapter_version"]) == (3, 3)
     # evaluated before, after the warm start and after the RL step
-    assert [step for step, _ in summary["held_out"]["arith"]["curve"]] == [0, 2, 3]
+    assert [step for step, *_ in summary["held_out"]["arith"]["curve"]] == [0, 2, 3]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
     assert [("demonstrations" in r) for r in steps] == [True, True, False]
@@ -149,3 +164,117 @@ def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(
     assert all(t.judgement is None for _, t in turns if t.session_id in demos)
     rollouts = [t.policy_version for _, t in turns if t.session_id not in demos]
     assert rollouts[0] == 2 and set(rollouts) <= {2, 3}
+
+
+# Arith-v0 whose answers are never right (tests/trainers/faulty_envs.py): its reference
+# agent plays every task to the end and fails it, as a broken tokenizer made every
+# demonstration of the main job fail (issue 38).
+FAULTY = "tests.trainers.faulty_envs:clawgym-test/Faulty-v0"
+NEVER = {"fault": "never", "max_turns": 2}
+NEVER_FAILED = (
+    "all 3 demonstrations of env 'never' failed (the first: the env ended it (terminated) "
+    "with reward 0.00, not above sft.min_outcome_reward=0.0)"
+)
+
+
+def never_solving_run(method: str, warm_start_steps: int) -> RunConfig:
+    config = RunConfig(env={"never": EnvConfig(id=FAULTY, kwargs=NEVER, group_size=2)})
+    config.model.name = "tiny"
+    config.sampling.max_tokens = 8
+    config.judge.kind = "env"
+    config.method.name = method
+    config.sft.episodes = 3
+    config.sft.warm_start_steps = warm_start_steps
+    config.trainer.batch_turns = 2
+    config.trainer.lora_rank = 4
+    return config
+
+
+@pytest.mark.parametrize(("method", "warm_start_steps"), [("binary", 2), ("sft", 0)])
+def test_a_run_whose_demonstrations_all_fail_stops_before_any_rl(
+    tmp_path, method, warm_start_steps
+):
+    """A warm start (or an SFT run) on demonstrations that all failed would teach nothing:
+    the run stops naming the env, the count and the first failure, before any rollout; a
+    resumed run finds them so in its store and stops the same way."""
+    from trainers.run import train as train_in_process
+
+    config = never_solving_run(method, warm_start_steps)
+    for _ in ("recorded", "resumed"):
+        with pytest.raises(DemonstrationsFailed) as stopped:
+            train_in_process(config, tmp_path)
+        assert NEVER_FAILED in str(stopped.value)
+    with Store(tmp_path / "store.sqlite") as store:
+        sessions = store.sessions()
+        assert store.count_turns(TurnStatus.TRAINED) == 0
+    assert len(sessions) == 3 and all(DEMONSTRATION in s.metadata for s in sessions)
+
+
+def test_the_first_failure_is_the_error_that_cut_a_demonstration_short():
+    broken = EpisodeSummary(
+        "s1",
+        "t1",
+        0.0,
+        0,
+        0,
+        0,
+        False,
+        SessionStatus.FAILED,
+        "the chat template never ends an assistant turn with '<|im_start|>'",
+    )
+    unsolved = dataclasses.replace(broken, session_id="s2", terminated=True, error=None)
+    assert failures({"arith": [broken, unsolved]}, 0.0) == (
+        "all 2 demonstrations of env 'arith' failed (the first: the chat template never ends "
+        "an assistant turn with '<|im_start|>')"
+    )
+    message = str(DemonstrationsFailed(failures({"arith": [unsolved], "toolcall": [broken]}, 0.0)))
+    assert message.startswith(
+        "all 1 demonstrations of env 'arith' failed (the first: the env ended it (terminated) "
+        "with reward 0.00, not above sft.min_outcome_reward=0.0); all 1 demonstrations of env "
+        "'toolcall' failed (the first: the chat template"
+    )
+    assert "sft.warm_start_steps=0" in message  # the way around it
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    return Learner("tiny", TrainerConfig(lora_rank=4), tmp_path_factory.mktemp("learner"))
+
+
+def prepare(store, learner, **playing):
+    makes = {
+        name: functools.partial(gym.make, env_id, **kwargs)
+        for name, (env_id, kwargs) in playing.items()
+    }
+    prepare_demonstrations(SFTConfig(episodes=3), makes, store, learner, "tiny", 0, None)
+
+
+def no_publish(adapter, version):
+    """These SFT loops only read their demonstrations: nothing is published."""
+
+
+ARITH = ("clawgym/Arith-v0", {"split": "train"})
+CHAT = ("clawgym/Chat-v0", {"split": "train"})
+
+
+def test_an_env_whose_demonstrations_all_fail_beside_one_that_demonstrates_is_named(
+    tmp_path, learner, caplog
+):
+    with Store(tmp_path / "store.sqlite") as store, caplog.at_level(logging.WARNING):
+        prepare(store, learner, arith=ARITH, never=(FAULTY, NEVER), chat=CHAT)
+        sft = SFTLoop(TrainerConfig(), SFTConfig(), learner, store, no_publish, Progress(), None, 0)
+        assert len(sft.demonstrations()) == 6  # arith's three, two turns each
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(NEVER_FAILED in w and "other envs' demonstrations train" in w for w in warnings)
+    assert any("no demonstrations of chat" in w for w in warnings)
+
+
+def test_an_env_without_a_reference_agent_alone_skips_a_warm_start(tmp_path, learner):
+    with Store(tmp_path / "store.sqlite") as store:
+        prepare(store, learner, chat=CHAT)  # no error: nothing was recorded to fail
+        sft = SFTLoop(TrainerConfig(), SFTConfig(), learner, store, no_publish, Progress(), None, 0)
+        with pytest.raises(NoDemonstrations, match="none of the run's envs has a reference"):
+            sft.demonstrations()
+    with Store(tmp_path / "mixed.sqlite") as store, pytest.raises(DemonstrationsFailed) as stopped:
+        prepare(store, learner, never=(FAULTY, NEVER), chat=CHAT)
+    assert str(stopped.value).startswith(NEVER_FAILED + ": nothing to imitate")
