@@ -183,6 +183,7 @@ class Pipeline:
                 self._evaluate()  # the before, which a resumed run took in its first process
             if self.warm_start:
                 self._warm_start()
+            self._resume_evaluation()
             if self.rollouts is not None:
                 self.rollouts.start(self.store)
             if overlap:
@@ -216,9 +217,11 @@ class Pipeline:
             logger.warning("no warm start: %s", none)
             self.total_steps = self.config.trainer.max_steps
             return
-        if self.learner.step_count < self.warm_start:
-            while self.learner.step_count < self.warm_start:
-                self.supervised.step()
+        while self.learner.step_count < self.warm_start:
+            self.supervised.step()
+        if self.learner.step_count == self.warm_start:
+            # the switch's evaluation; a run stopped during it takes it up again (the
+            # evaluator plays only what that step's evaluation lacks)
             self._evaluate()
         self.supervised.retire()
 
@@ -264,6 +267,13 @@ class Pipeline:
             if self.evaluator.due(metrics.step) and metrics.step < self.total_steps:
                 self._evaluate()
         return metrics
+
+    def _resume_evaluation(self) -> None:
+        """The evaluation due after the step a resumed run stopped at (`eval.every`), which
+        the stop cut short: the loops take it only after a step they take themselves."""
+        step = self.learner.step_count
+        if self.evaluator is not None and 0 < step < self.total_steps and self.evaluator.due(step):
+            self._evaluate()
 
     def _evaluate(self) -> None:
         if self.evaluator is not None and self.evaluator.enabled:

@@ -166,6 +166,42 @@ def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(
     assert rollouts[0] == 2 and set(rollouts) <= {2, 3}
 
 
+def test_a_run_stopped_during_the_switchs_evaluation_takes_it_up_on_resume(tmp_path):
+    run_dir = tmp_path / "warm"
+    command = [
+        "env=arith",
+        "method=binary",
+        "env.arith.group_size=2",
+        "env.arith.max_tokens=24",
+        "sft.episodes=4",
+        "sft.warm_start_steps=2",
+        "trainer.batch_turns=4",
+        "trainer.max_steps=0",
+        "eval.episodes=2",
+    ]
+    first = train(run_dir, *command)
+    assert first["held_out"]["arith"]["switch"]["step"] == 2
+    # a stop during the switch's evaluation: its checkpoint is there, its rows are not
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    kept = [r for r in rows if not ("eval_pass_at_1" in r and r["step"] == 2)]
+    assert len(kept) < len(rows)
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    # resumed for one RL step (the random tiny model scores 0 everywhere: trained at
+    # advantage 0), so that the evaluation at its end cannot stand in for the switch's
+    rl_step = [
+        "trainer.max_steps=1",
+        "method.filter_groups=false",
+        "rollout.max_signalless_groups=0",
+    ]
+    resumed = train(run_dir, *command, *rl_step)
+    held_out = resumed["held_out"]["arith"]
+    assert held_out["switch"] is not None and held_out["switch"]["step"] == 2
+    assert [step for step, *_ in held_out["curve"]] == [0, 2, 3]
+    # the same policy version played those episodes to their end: taken back, not replayed
+    assert held_out["switch"]["pass_at_1"] == first["held_out"]["arith"]["switch"]["pass_at_1"]
+
+
 # Arith-v0 whose answers are never right (tests/trainers/faulty_envs.py): its reference
 # agent plays every task to the end and fails it, as a broken tokenizer made every
 # demonstration of the main job fail (issue 38).
