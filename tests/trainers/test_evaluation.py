@@ -120,23 +120,29 @@ def store_episode(store, n, env_id, task, version, reward, status=SessionStatus.
     store.finish_session(session, reward, status, reason)
 
 
+def stored_evaluator(config: EvalConfig, run_dir, store) -> Evaluator:
+    """An evaluator of two-turn arith episodes that finds earlier ones in `store` and
+    reaches no policy (`Tripwire`)."""
+    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
+    return Evaluator(
+        config,
+        {"arith": arith},
+        env_factory,
+        Tripwire(),
+        SamplingConfig(max_tokens=4),
+        None,
+        run_dir,
+        store,
+    )
+
+
 def test_an_evaluation_stopped_halfway_plays_only_the_episodes_its_version_did_not_finish(
     tmp_path,
 ):
-    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
     store = Store(tmp_path / "store.sqlite")
 
     def evaluator():
-        return Evaluator(
-            EvalConfig(episodes=3),
-            {"arith": arith},
-            env_factory,
-            Tripwire(),
-            SamplingConfig(max_tokens=4),
-            None,
-            tmp_path,
-            store,
-        )
+        return stored_evaluator(EvalConfig(episodes=3), tmp_path, store)
 
     tasks = evaluator().held_out_tasks("arith")
     assert len(tasks) == 3
@@ -190,18 +196,8 @@ def test_pass_at_k_counts_tasks_any_of_whose_samples_solved_them():
 
 
 def test_the_pass_at_k_samples_are_kept_apart_from_the_greedy_episodes_on_resume(tmp_path):
-    arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train", "max_turns": 2})
     store = Store(tmp_path / "store.sqlite")
-    evaluator = Evaluator(
-        EvalConfig(episodes=2, pass_k=2),
-        {"arith": arith},
-        env_factory,
-        Tripwire(),
-        SamplingConfig(max_tokens=4),
-        None,
-        tmp_path,
-        store,
-    )
+    evaluator = stored_evaluator(EvalConfig(episodes=2, pass_k=2), tmp_path, store)
     tasks = evaluator.held_out_tasks("arith")
     store_episode(store, 0, "eval/arith", tasks[0], 5, 1.0)  # greedy
     session = "sampled"
