@@ -126,8 +126,22 @@ class TrainerConfig:
     """Turns sampled more than this many adapter versions ago are dropped."""
     grad_clip: float = 1.0
     """Max global gradient norm."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in backward: less memory, ~30% more time."""
+    gradient_checkpointing: str = "auto"
+    """Recompute activations in backward (less memory, a quarter to a third more time):
+    auto, for each pass whose activations would not fit `memory_budget_gib` (estimated,
+    `trainers.learner.activation_bytes`); true or false, always or never."""
+    memory_budget_gib: float | None = None
+    """What a pass's activations may take before `gradient_checkpointing=auto` turns
+    checkpointing on for it; None: half the memory available when the learner starts (the
+    GPU's free memory on a GPU, else the system's)."""
+    share_prefix: bool = True
+    """Run the tokens every turn of a micro-batch starts with (the system prompt and tool
+    schemas: most of an agent turn's tokens) once, not once per turn: the same log-probs
+    and gradients (within float rounding). Not with gradient checkpointing."""
+    pack_turns: bool = True
+    """Run a multi-turn episode's turns as one row where each turn's tokens begin the
+    next's (token-exact serving makes them so): its last turn, every turn's completion
+    scored where it sits; the same log-probs and gradients (within float rounding)."""
     logprob_chunk: int = 128
     """Positions per chunk when computing target log-probs (never the full logits)."""
     mmap_threshold_kb: int = 0
@@ -262,6 +276,10 @@ class BackendConfig:
     else the model's `max_position_embeddings`."""
 
 
+EVALUATIONS = ("before", "switch", "every", "after")
+"""The evaluations of a run, by when they come (`EvalConfig.pass_k_at`)."""
+
+
 @dataclass
 class EvalConfig:
     """Held-out evaluation during training (trainers/evaluation.py)."""
@@ -281,12 +299,14 @@ class EvalConfig:
     """Samples per held-out task at the run's sampling temperature, for pass@k beside the
     greedy pass@1 (k of them: k times the episodes); None: each env's `group_size`, the
     rollouts a task gets in training; 0 or 1: greedy pass@1 only."""
-    pass_k_before: bool = True
-    """Draw the pass@k samples at the evaluation before training too. The base model's are
-    the costliest episodes of a run (its replies run to `max_tokens`, every turn of the
-    budget): false where its greedy pass@1 already says it solves nothing."""
+    pass_k_at: list[str] = field(default_factory=lambda: list(EVALUATIONS))
+    """The evaluations that draw the pass@k samples, of `EVALUATIONS`: before (the first),
+    switch (from a warm start's imitation to RL), every (each `every` steps) and after (the
+    last); the others play greedy pass@1 alone. Each sample set costs k times a greedy
+    evaluation, and the base model's most (its replies run to `max_tokens` every turn)."""
     parallel: int = 16
-    """Evaluation episodes played at once (a batching engine decodes their turns together)."""
+    """Evaluation episodes played at once (a batching engine decodes their turns together;
+    at most `engine.max_batch` rows)."""
 
 
 @dataclass
@@ -315,6 +335,18 @@ class RunConfig:
 
 METHODS = ("binary", "opd", "combine", "sft")
 """The values of `method.name`."""
+
+
+CHECKPOINTING = {"auto": "auto", "true": "on", "on": "on", "false": "off", "off": "off"}
+
+
+def checkpointing_mode(value: str | bool) -> str:
+    """`trainer.gradient_checkpointing` as auto, on or off (true and false too, as Hydra and
+    YAML give them: a bool, or its string)."""
+    mode = CHECKPOINTING.get(str(value).lower())
+    if mode is None:
+        raise ValueError(f"trainer.gradient_checkpointing={value!r}: use auto, true or false")
+    return mode
 
 
 def validate(config: RunConfig) -> None:
@@ -379,8 +411,12 @@ def validate(config: RunConfig) -> None:
         )
     if config.eval.episodes < 0 or config.eval.every < 0:
         raise ValueError("eval.episodes and eval.every must be >= 0")
+    unknown = sorted(set(config.eval.pass_k_at) - set(EVALUATIONS))
+    if unknown:
+        raise ValueError(f"eval.pass_k_at: unknown {unknown}; use any of {list(EVALUATIONS)}")
     if (config.eval.pass_k is not None and config.eval.pass_k < 0) or config.eval.parallel < 1:
         raise ValueError("eval.pass_k must be >= 0 (or null: the group size), eval.parallel >= 1")
+    checkpointing_mode(config.trainer.gradient_checkpointing)
     if config.trainer.batch_turns < 1 or config.trainer.max_steps < 0:
         raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
     if config.trainer.max_backlog is not None and (

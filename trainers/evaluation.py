@@ -205,12 +205,16 @@ class Evaluator:
             if row.get("env") in self.history and "eval_pass_at_1" in row:
                 self.history[row["env"]].append(score_of(row))
 
-    def evaluate(self, step: int, version: int | None = None) -> dict[str, EvalScore]:
+    def evaluate(
+        self, step: int, version: int | None = None, between: bool = False
+    ) -> dict[str, EvalScore]:
         """Plays the held-out tasks of every env not yet evaluated at `step` with the
         policy as it is after `step` steps, served as policy version `version` (None: not
-        known, and nothing is taken back from the store); returns their scores."""
+        known, and nothing is taken back from the store); returns their scores. `between`:
+        an evaluation every `eval.every` steps, not the before, the switch or the after,
+        whose pass@k samples `eval.pass_k_at` may leave out ("every")."""
         scores = {
-            name: self._evaluate_env(name, step, version)
+            name: self._evaluate_env(name, step, version, between)
             for name in self.makers
             if all(run.step != step for run in self.history[name])
         }
@@ -289,10 +293,20 @@ class Evaluator:
                 found[stored.task_id] = EpisodeSummary.of(session)
         return found
 
-    def _evaluate_env(self, name: str, step: int, version: int | None) -> EvalScore:
+    def occasion(self, step: int, between: bool) -> str:
+        """Which of the run's evaluations (`EVALUATIONS`) one at `step` is."""
+        if step == 0:
+            return "before"
+        if step == self.switch_step:
+            return "switch"
+        return "every" if between else "after"
+
+    def _evaluate_env(
+        self, name: str, step: int, version: int | None, between: bool = False
+    ) -> EvalScore:
         task_ids = self.held_out_tasks(name)
         k = self.pass_k[name] if self.pass_k[name] > 1 else 0
-        if step == 0 and not self.config.pass_k_before:
+        if self.occasion(step, between) not in self.config.pass_k_at:
             k = 0
         # every episode of the evaluation in one pool: a batching engine decodes them together
         kinds: list[int | None] = [None, *range(k)]

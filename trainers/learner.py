@@ -11,6 +11,12 @@ Log-probs are computed from the hidden states a chunk of positions at a time, wi
 chunk recomputed in backward, so the full [tokens, vocabulary] logits never exist at once:
 with SmolLM2's 49k vocabulary those logits, not the model, dominate a step's memory.
 The entropy of each position's distribution is taken in the same chunk, without gradient.
+Positions are computed once: the prefix all turns of a pass share (an agent's system prompt
+and tools) runs as one row whose keys and values the others attend to, and an episode whose
+turns extend one another runs as its last turn's row with every turn's tokens scored in
+place (`trainer.share_prefix`, `trainer.pack_turns`). Gradient checkpointing is chosen per
+pass from an estimate of its activations against a memory budget (`gradient_checkpointing`
+auto).
 With `trainer.kl_estimate` the learner keeps a frozen copy of the LoRA weights that RL
 started from and scores the step's tokens under them in one no-grad pass, for an estimate
 of how far the policy has moved (`StepMetrics.kl_to_start`).
@@ -31,10 +37,11 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 from agents import models
 from trainers.advantages import truncated_importance_weights
-from trainers.config import TrainerConfig
+from trainers.config import TrainerConfig, checkpointing_mode
 from trainers.losses import (
     clip_fraction,
     clipped_policy_loss,
@@ -98,15 +105,67 @@ class StepMetrics:
     seconds: float
 
 
+MIN_SHARED_PREFIX = 32
+"""Shortest common prefix worth a pass of its own (`shared_prefix_length`)."""
+
+
 def token_logprobs(
-    causal_lm: Any, sequences: list[list[int]], starts: list[int], chunk: int
+    causal_lm: Any,
+    sequences: list[list[int]],
+    starts: list[int],
+    chunk: int,
+    share_prefix: bool = False,
 ) -> list[torch.Tensor]:
     """Log-probs of tokens `starts[i]:` of each sequence, given all tokens before them.
 
     Right-padded batch; only the hidden states are materialised for the whole batch, the
     vocabulary projection runs `chunk` positions at a time (and again in backward).
+    `share_prefix`: the tokens every sequence starts with run once (`decoder_states`).
     """
-    return token_logprobs_and_entropy(causal_lm, sequences, starts, chunk, with_entropy=False)[0]
+    return token_logprobs_and_entropy(
+        causal_lm, sequences, starts, chunk, with_entropy=False, share_prefix=share_prefix
+    )[0]
+
+
+def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all `sequences` have in common, leaving each at least one
+    token of its own; 0 below `MIN_SHARED_PREFIX` (a pass of its own would not pay)."""
+    first, limit = sequences[0], min(len(s) for s in sequences) - 1
+    length = 0
+    while length < limit and all(s[length] == first[length] for s in sequences[1:]):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
+def decoder_states(
+    causal_lm: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int
+) -> torch.Tensor:
+    """The decoder's last hidden states of a right-padded batch, [rows, width, hidden].
+
+    `shared` > 0: the batch's first `shared` tokens are the same in every row (an agent's
+    system prompt and tool schemas, most of a turn's tokens). They run once, as one row,
+    and the rest of each row attends to their keys and values from the cache, repeated per
+    row; gradients from every row flow back into the one pass. The same function as the
+    full pass (the cache's keys are the ones the full pass computes at those positions),
+    at a fraction of the work when the prefix dominates. Not under gradient checkpointing,
+    which drops the cache in training.
+    """
+    decoder = causal_lm.get_decoder()
+    if not shared or len(ids) == 1:
+        return decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    head = decoder(input_ids=ids[:1, :shared], use_cache=True)
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(len(ids))
+    positions = torch.arange(shared, ids.shape[1], device=ids.device).expand(len(ids), -1)
+    rest = decoder(
+        input_ids=ids[:, shared:],
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    prefix = head.last_hidden_state.expand(len(ids), -1, -1)
+    return torch.cat([prefix, rest], dim=1)
 
 
 def token_logprobs_and_entropy(
@@ -115,10 +174,28 @@ def token_logprobs_and_entropy(
     starts: list[int],
     chunk: int,
     with_entropy: bool = True,
+    share_prefix: bool = False,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """`token_logprobs`, and the entropy of the distribution at each of those positions
     (no gradient; empty tensors without `with_entropy`), from the same chunk's log-softmax.
     """
+    spans = [
+        (row, start, len(s)) for row, (s, start) in enumerate(zip(sequences, starts, strict=True))
+    ]
+    return span_logprobs_and_entropy(causal_lm, sequences, spans, chunk, with_entropy, share_prefix)
+
+
+def span_logprobs_and_entropy(
+    causal_lm: Any,
+    sequences: list[list[int]],
+    spans: Sequence[tuple[int, int, int]],
+    chunk: int,
+    with_entropy: bool = True,
+    share_prefix: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Log-probs (and entropies) of the tokens of each span (row, start, end): tokens
+    `start:end` of `sequences[row]`, given all tokens before them. A row may hold several
+    spans: a multi-turn episode's turns, each inside the next (`packed_turns`)."""
     width = max(len(s) for s in sequences)
     ids = torch.zeros(len(sequences), width, dtype=torch.long)
     mask = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -127,13 +204,14 @@ def token_logprobs_and_entropy(
         mask[row, : len(sequence)] = 1
     device = causal_lm.get_output_embeddings().weight.device
     ids, mask = ids.to(device), mask.to(device)
-    hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    shared = shared_prefix_length(sequences) if share_prefix else 0
+    hidden = decoder_states(causal_lm, ids, mask, shared)
     head = causal_lm.get_output_embeddings()
     gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
     logprobs, entropies = [], []
-    for row, (sequence, start) in enumerate(zip(sequences, starts, strict=True)):
-        targets = ids[row, start : len(sequence)]
-        states = hidden[row, start - 1 : len(sequence) - 1]
+    for row, start, end in spans:
+        targets = ids[row, start:end]
+        states = hidden[row, start - 1 : end - 1]
         pieces = [
             checkpoint(
                 gather, head, states[i : i + chunk], targets[i : i + chunk], use_reentrant=False
@@ -187,6 +265,31 @@ def set_mmap_threshold(size: int) -> bool:
     return bool(mallopt(m_mmap_threshold, size)) and bool(mallopt(m_trim_threshold, size))
 
 
+def activation_bytes(positions: int, model_config: Any, dtype_bytes: int) -> int:
+    """Memory autograd keeps for backward over a pass of `positions` positions without
+    gradient checkpointing: per layer and position, about 12 hidden-size tensors (norms,
+    attention's inputs and outputs, the projections' inputs) and 5 intermediate-size ones
+    (the gated MLP's), doubled for what the allocator holds beside them. Calibrated on
+    SmolLM2-135M, fp32 on a CPU: 7.4 GiB peak resident for a pass of ~2,000 positions, where
+    this says 7.0 GiB (the weights' 0.5 GiB aside)."""
+    per_position = 12 * model_config.hidden_size + 5 * model_config.intermediate_size
+    return 2 * positions * model_config.num_hidden_layers * per_position * dtype_bytes
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for the learner's activations now: the GPU's free memory, else the
+    system's available memory (/proc/meminfo; free pages where there is none)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def learner_device(requested: str, cuda_available: bool) -> str:
     """Where the learner trains: `requested` (auto: cuda when present, else cpu)."""
     if requested == "cuda" and not cuda_available:
@@ -206,17 +309,52 @@ def learner_dtype(requested: str, device: str, bf16_supported: bool) -> torch.dt
     return torch.bfloat16 if requested == "bfloat16" else torch.float32
 
 
-def micro_batches(samples: list[TrainSample], token_budget: int) -> list[list[TrainSample]]:
-    """Consecutive groups whose padded size (rows x longest) stays within the budget."""
+def packed_turns(samples: Sequence[TrainSample]) -> list[list[int]]:
+    """Rows to run for `samples`, as indices: each row's first sample is the longest, and
+    every other sample's tokens (prompt and completion) begin that one's. A multi-turn
+    episode whose turns extend one another token for token (an agent's turn 2 prompt is
+    turn 1's prompt, completion and the tool's reply) runs as one row, its last turn, every
+    earlier turn's completion scored where it sits: the same log-probs, a fraction of the
+    positions. Rows come in order of their first sample in `samples`."""
+    sequences = [(*s.prompt_ids, *s.completion_ids) for s in samples]
+    longest_first = sorted(range(len(samples)), key=lambda i: -len(sequences[i]))
+    rows: list[list[int]] = []
+    for index in longest_first:
+        sequence = sequences[index]
+        for row in rows:
+            if sequences[row[0]][: len(sequence)] == sequence:
+                row.append(index)
+                break
+        else:
+            rows.append([index])
+    return sorted(rows, key=lambda row: min(row))
+
+
+def micro_batches(
+    samples: list[TrainSample], token_budget: int, share_prefix: bool = False
+) -> list[list[TrainSample]]:
+    """Consecutive groups whose padded size (`padded_tokens`) stays within the budget."""
     batches: list[list[TrainSample]] = []
     current: list[TrainSample] = []
     for sample in samples:
-        longest = max([len(s.prompt_ids) + len(s.completion_ids) for s in [*current, sample]])
-        if current and longest * (len(current) + 1) > token_budget:
+        if current and padded_tokens([*current, sample], share_prefix) > token_budget:
             batches.append(current)
             current = []
         current.append(sample)
     return [*batches, current] if current else batches
+
+
+def padded_tokens(
+    batch: Sequence[TrainSample], share_prefix: bool = False, pack: bool = False
+) -> int:
+    """Positions one pass over `batch` computes: rows x the longest (right-padded); with
+    `pack`, a row per `packed_turns` row; with `share_prefix`, the common prefix once."""
+    sequences = [(*s.prompt_ids, *s.completion_ids) for s in batch]
+    if pack:
+        sequences = [sequences[row[0]] for row in packed_turns(batch)]
+    longest = max(len(s) for s in sequences)
+    shared = shared_prefix_length(sequences) if share_prefix else 0
+    return shared + len(sequences) * (longest - shared)
 
 
 class Learner:
@@ -250,10 +388,14 @@ class Learner:
         )
         # peft keeps the adapter's weights in float32 under a bf16 base (autocast_adapter_dtype)
         self.model = get_peft_model(base, lora)
-        if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+        self.checkpointing = checkpointing_mode(config.gradient_checkpointing)
+        budget = config.memory_budget_gib
+        self.memory_budget = (
+            int(budget * 2**30) if budget is not None else available_memory(self.device) // 2
+        )
+        """`gradient_checkpointing=auto`: the activations a pass may keep, in bytes."""
+        self._checkpointed = False
+        self._checkpoint(self.checkpointing == "on")
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
@@ -262,6 +404,10 @@ class Learner:
         self.trained_seqs: tuple[int, ...] = ()
         self.ledger: list[list[int]] = []
         """The store seqs trained at each step, in order: checkpointed with the weights."""
+        self._held_prefix: tuple[int, tuple[int, ...], list[Any]] | None = None
+        self._last_scored: tuple[int, ...] | None = None
+        """`logprobs`' prefix reuse: the kept prefix (version, tokens, keys and values)
+        and the last sequence scored."""
         self.start_weights: dict[str, torch.Tensor] | None = None
         """A frozen copy of the LoRA weights of the first policy step, RL's start (the
         reference of `StepMetrics.kl_to_start`; `trainer.kl_estimate`): checkpointed."""
@@ -290,6 +436,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         self.version += 1
+        self._held_prefix = None
         self.trained_seqs = tuple(s.seq for s in samples)
         self.ledger.append(list(self.trained_seqs))
         advantages = [a for s in samples for a in s.advantages]
@@ -317,12 +464,13 @@ class Learner:
         """Backward passes over micro-batches of `samples`, gradients summed in place;
         returns the step's sums (`kl_start`, the k3 sum over tokens / total, only where the
         policy objective has RL's starting weights to score against)."""
-        batches = micro_batches(samples, self.config.micro_batch_tokens)
+        batches = self._micro_batches(samples)
         total = sum(len(s.completion_ids) for s in samples)
         names = ("loss", "kl", "entropy", "clip", "gap", "gap_max", "gap_tokens")
         sums: dict[str, float] = dict.fromkeys(names, 0.0) | {"batches": len(batches)}
         if objective == "nll":
             for batch in batches:
+                self._fit_checkpointing(batch)
                 rows, entropies = self._logprobs_and_entropy(batch)
                 logprobs = _pad(rows)
                 mask = _pad([torch.ones(len(s.completion_ids)) for s in batch]).to(logprobs.device)
@@ -354,6 +502,7 @@ class Learner:
         total: int,
         sums: dict[str, float],
     ) -> None:
+        self._fit_checkpointing(batch)
         logprobs, entropies = self._logprobs_and_entropy(batch)
         proximal = [row.detach() for row in logprobs]  # no update yet in this step
         current, prox = _pad(logprobs), _pad(proximal)
@@ -393,10 +542,52 @@ class Learner:
                 sums["gap_tokens"] += len(sample.completion_ids)
 
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
-        """Log-prob of each completion token after the prompt under the current adapter."""
-        sample = TrainSample(0, tuple(prompt_ids), tuple(completion_ids), (), (), self.version)
+        """Log-prob of each completion token after the prompt under the current adapter.
+
+        One call after another (a demonstration's turns, each scored as it is played) begin
+        with the same system prompt and tool schemas: the keys and values of the prefix a
+        call shares with the one before are kept, for this adapter version, and calls that
+        begin with it compute only their own tokens."""
+        sequence = (*prompt_ids, *completion_ids)
+        causal_lm = self.model.get_base_model()
         with torch.no_grad():
-            return [float(x) for x in self._logprobs([sample])[0].float().cpu()]
+            held = self._scoring_prefix(causal_lm, sequence, len(prompt_ids))
+            length = len(held[0]) if held else 0
+            ids = torch.tensor([sequence[length:]], device=self.device)
+            positions = torch.arange(length, len(sequence), device=self.device)[None]
+            cache = DynamicCache(ddp_cache_data=held[1]) if held else None
+            hidden = causal_lm.get_decoder()(
+                input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=False
+            ).last_hidden_state[0]
+            states = hidden[len(prompt_ids) - length - 1 : len(sequence) - length - 1]
+            logits = causal_lm.get_output_embeddings()(states).float()
+            targets = torch.tensor(completion_ids, device=self.device)
+            values = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+        return [float(x) for x in values.cpu()]
+
+    def _scoring_prefix(
+        self, causal_lm: Any, sequence: tuple[int, ...], start: int
+    ) -> tuple[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None:
+        """The kept prefix (its tokens, each layer's keys and values) that `sequence` begins
+        with, short of its first scored token; a new one where this call shares enough with
+        the last (`MIN_SHARED_PREFIX`); None: no prefix to reuse."""
+        held = self._held_prefix
+        if held and held[0] == self.version and len(held[1]) < start:
+            if sequence[: len(held[1])] == held[1]:
+                return held[1], held[2]
+        last, self._last_scored = self._last_scored, sequence
+        if last is None:
+            return None
+        shared = min(shared_prefix_length([last, sequence]), start - 1)
+        if shared < MIN_SHARED_PREFIX:
+            return None
+        prefix = sequence[:shared]
+        out = causal_lm.get_decoder()(
+            input_ids=torch.tensor([prefix], device=self.device), use_cache=True
+        )
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        self._held_prefix = (self.version, prefix, layers)
+        return prefix, layers
 
     def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:
         return self._logprobs_and_entropy(batch, with_entropy=False)[0]
@@ -404,14 +595,71 @@ class Learner:
     def _logprobs_and_entropy(
         self, batch: list[TrainSample], with_entropy: bool = True
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        sequences = [list(s.prompt_ids) + list(s.completion_ids) for s in batch]
-        return token_logprobs_and_entropy(
+        """Per sample of `batch`, its completion's log-probs (and entropies)."""
+        groups = packed_turns(batch) if self.config.pack_turns else [[i] for i in range(len(batch))]
+        sequences = [
+            list(batch[g[0]].prompt_ids) + list(batch[g[0]].completion_ids) for g in groups
+        ]
+        spans, owners = [], []
+        for row, group in enumerate(groups):
+            for index in group:
+                start = len(batch[index].prompt_ids)
+                spans.append((row, start, start + len(batch[index].completion_ids)))
+                owners.append(index)
+        logprobs, entropies = span_logprobs_and_entropy(
             self.model.get_base_model(),
             sequences,
-            [len(s.prompt_ids) for s in batch],
+            spans,
             self.config.logprob_chunk,
             with_entropy,
+            self._share_prefix,
         )
+        order = sorted(range(len(owners)), key=owners.__getitem__)
+        return [logprobs[i] for i in order], [entropies[i] for i in order]
+
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        """The step's passes within `trainer.micro_batch_tokens`: rows (`packed_turns`,
+        each with the turns it holds) in order of length, so that the rows of a pass pad
+        little (the loss is a sum over tokens: the order does not change it)."""
+        if self.config.pack_turns:
+            rows = [[samples[i] for i in row] for row in packed_turns(samples)]
+        else:
+            rows = [[sample] for sample in samples]
+        rows.sort(key=lambda row: len(row[0].prompt_ids) + len(row[0].completion_ids))
+        batches: list[list[list[TrainSample]]] = []
+        for row in rows:
+            heads = [held[0] for held in [*(batches[-1] if batches else []), row]]
+            budget = self.config.micro_batch_tokens
+            sharing = self.config.share_prefix and self.checkpointing != "on"
+            if not batches or padded_tokens(heads, sharing) > budget:
+                batches.append([])
+            batches[-1].append(row)
+        return [[sample for row in batch for sample in row] for batch in batches]
+
+    @property
+    def _share_prefix(self) -> bool:
+        # gradient checkpointing drops the prefix pass's cache in training
+        return self.config.share_prefix and not self._checkpointed
+
+    def _checkpoint(self, on: bool) -> None:
+        if on != self._checkpointed:
+            if on:
+                self.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                self.model.gradient_checkpointing_disable()
+            self._checkpointed = on
+
+    def _fit_checkpointing(self, batch: list[TrainSample]) -> None:
+        """`gradient_checkpointing=auto`: on for a pass over `batch` whose activations
+        without it would pass the memory budget, off otherwise."""
+        if self.checkpointing != "auto":
+            return
+        positions = padded_tokens(batch, self.config.share_prefix, self.config.pack_turns)
+        dtype_bytes = next(self.model.parameters()).element_size()
+        needed = activation_bytes(positions, self.model.get_base_model().config, dtype_bytes)
+        self._checkpoint(needed > self.memory_budget)
 
     def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
@@ -466,7 +714,7 @@ class Learner:
         )
         if getattr(result, "unexpected_keys", None):
             raise ValueError(f"the adapter at {path} has weights this model lacks")
-        self.version = 1
+        self.version, self._held_prefix = 1, None
         logger.info("starting from the adapter at %s (served as version 1)", path)
         return self.save_adapter()
 
@@ -521,6 +769,7 @@ class Learner:
         random.setstate(rng["python"])
         state: dict[str, Any] = json.loads((found / "state.json").read_text())
         self.step_count, self.version = state["step"], state["version"]
+        self._held_prefix = None
         self.trained_seqs = tuple(state["trained_seqs"])
         self.ledger = [list(seqs) for seqs in state["ledger"]]
         start = found / START_WEIGHTS

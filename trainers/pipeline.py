@@ -265,7 +265,7 @@ class Pipeline:
         metrics = self.training.step()
         if metrics is not None and self.evaluator is not None:
             if self.evaluator.due(metrics.step) and metrics.step < self.total_steps:
-                self._evaluate()
+                self._evaluate(between=True)
         return metrics
 
     def _resume_evaluation(self) -> None:
@@ -273,11 +273,13 @@ class Pipeline:
         the stop cut short: the loops take it only after a step they take themselves."""
         step = self.learner.step_count
         if self.evaluator is not None and 0 < step < self.total_steps and self.evaluator.due(step):
-            self._evaluate()
+            self._evaluate(between=True)
 
-    def _evaluate(self) -> None:
+    def _evaluate(self, between: bool = False) -> None:
+        """`between`: one of the every-`eval.every`-steps evaluations, not the before, the
+        switch to RL or the after (`eval.pass_k_at`)."""
         if self.evaluator is not None and self.evaluator.enabled:
-            self.evaluator.evaluate(self.learner.step_count, self.learner.version)
+            self.evaluator.evaluate(self.learner.step_count, self.learner.version, between)
 
     def _loop(self, name: str, body: Callable[[threading.Event], None]) -> threading.Thread:
         """A loop's thread: an error in it stops every loop and is raised by `run`."""

@@ -2,7 +2,12 @@
 plain peft step (full logits, cross-entropy over the whole vocabulary) as the baseline.
 
     python -m benchmarks.perf.learner [--model smollm2-135m] [--batch 8] [--tokens 512]
+        [--prefix 0]
     python -m benchmarks.perf.learner --device cuda --shape smollm2-135m --shape qwen3-1.7b
+
+`--prefix N` gives every row the same first N tokens, as an agent's turns share their system
+prompt and tool schemas (the main job's arith turns: 271 of ~380 tokens): the learner then
+runs them once (`trainer.share_prefix`); the plain peft step runs every row whole.
 
 On a CPU the weights are fp32 and one step is timed; on a GPU (`--device cuda`) the base
 weights are bf16 where the device has it (the learner's own rule), one step warms up and
@@ -34,11 +39,13 @@ from rich.table import Table
 
 CASES = (
     "plain peft (baseline)",
-    "learner (default)",
+    "learner (default: checkpointing auto)",
     "learner, mmap threshold 1 MiB",
     "learner, no checkpointing",
+    "learner, checkpointing",
 )
-GPU_CASES = (CASES[0], CASES[1], CASES[3])  # glibc's malloc does not hold GPU memory
+GPU_CASES = (CASES[0], CASES[1], CASES[3], CASES[4])  # glibc's malloc holds no GPU memory
+CHECKPOINTING = {CASES[1]: "auto", CASES[2]: "auto", CASES[3]: "false", CASES[4]: "true"}
 
 # Published architectures (their config.json fields), built with random weights by --shape.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -103,12 +110,21 @@ def _random_ids(count: int, generator: torch.Generator) -> tuple[int, ...]:
     return tuple(torch.randint(100, 20000, (count,), generator=generator).tolist())
 
 
+def _rows(batch: int, tokens: int, prefix: int) -> list[tuple[int, ...]]:
+    """`batch` rows of `tokens` random ids, the first `prefix` the same in every row."""
+    generator = torch.Generator().manual_seed(0)
+    head = _random_ids(prefix, generator)
+    return [head + _random_ids(tokens - prefix, generator) for _ in range(batch)]
+
+
 def _synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def _plain_steps(model_name: str, batch: int, tokens: int, device: str, steps: int) -> float:
+def _plain_steps(
+    model_name: str, batch: int, tokens: int, prefix: int, device: str, steps: int
+) -> float:
     """Seconds per step of the textbook peft step (full logits), in the learner's dtype."""
     from peft import LoraConfig, get_peft_model
 
@@ -121,8 +137,7 @@ def _plain_steps(model_name: str, batch: int, tokens: int, device: str, steps: i
     model = get_peft_model(base.to(device=device, dtype=dtype), lora)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    ids = torch.randint(100, 20000, (batch, tokens), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(device)
+    ids = torch.tensor(_rows(batch, tokens, prefix), device=device)
 
     def step() -> None:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -136,12 +151,14 @@ def _learner_steps(
     model_name: str,
     batch: int,
     tokens: int,
-    checkpointing: bool,
+    prefix: int,
+    checkpointing: str,
     mmap_threshold_kb: int,
     device: str,
     steps: int,
 ) -> float:
-    """Seconds per step of `Learner.step` on `batch` turns of `tokens` (half prompt)."""
+    """Seconds per step of `Learner.step` on `batch` turns of `tokens` (half prompt, its
+    first `prefix` tokens the same in every turn)."""
     from trainers.config import TrainerConfig
     from trainers.learner import Learner, TrainSample
 
@@ -153,18 +170,17 @@ def _learner_steps(
     )
     with tempfile.TemporaryDirectory() as run_dir:
         learner = Learner(model_name, config, Path(run_dir))
-        generator = torch.Generator().manual_seed(0)
-        half = tokens // 2
+        half = max(tokens // 2, prefix + 1)
         samples = [
             TrainSample(
                 seq=i,
-                prompt_ids=_random_ids(half, generator),
-                completion_ids=_random_ids(tokens - half, generator),
+                prompt_ids=row[:half],
+                completion_ids=row[half:],
                 rollout_logprobs=tuple([-2.0] * (tokens - half)),
                 advantages=tuple([1.0 if i % 2 else -1.0] * (tokens - half)),
                 policy_version=0,
             )
-            for i in range(batch)
+            for i, row in enumerate(_rows(batch, tokens, prefix))
         ]
         return _timed(lambda: learner.step(samples), device, steps)
 
@@ -186,6 +202,7 @@ def _run_case(case: str, model: str, args: argparse.Namespace) -> dict[str, floa
     """Runs one case in a fresh process; returns its step seconds and peak memory in GiB."""
     command = [sys.executable, "-m", "benchmarks.perf.learner", "--case", case, "--model", model]
     command += ["--batch", str(args.batch), "--tokens", str(args.tokens)]
+    command += ["--prefix", str(args.prefix)]
     command += ["--device", args.device, "--steps", str(args.steps)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:  # out of memory, most often: the table says which case
@@ -198,13 +215,14 @@ def _run_case(case: str, model: str, args: argparse.Namespace) -> dict[str, floa
 def _child(case: str, model: str, args: argparse.Namespace) -> None:
     device = args.device
     if case == CASES[0]:
-        seconds = _plain_steps(model, args.batch, args.tokens, device, args.steps)
+        seconds = _plain_steps(model, args.batch, args.tokens, args.prefix, device, args.steps)
     else:
         seconds = _learner_steps(
             model,
             args.batch,
             args.tokens,
-            checkpointing=case != CASES[3],
+            args.prefix,
+            checkpointing=CHECKPOINTING[case],
             mmap_threshold_kb=1024 if case == CASES[2] else 0,
             device=device,
             steps=args.steps,
@@ -248,6 +266,12 @@ def main() -> None:
     parser.add_argument("--shape", action="append", choices=sorted(SHAPES), default=[])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument(
+        "--prefix",
+        type=int,
+        default=0,
+        help="tokens every row starts with (an agent's system prompt and tools); 0: none",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per case")
     parser.add_argument("--case", choices=CASES, help="run one case in this process (internal)")
@@ -271,7 +295,10 @@ def main() -> None:
             ]
         for label, model in targets:
             rows = [(case, _run_case(case, model, args)) for case in cases]
-            title = f"LoRA step on {label}, {args.batch} x {args.tokens} tokens ({precision})"
+            shape = f"{args.batch} x {args.tokens} tokens"
+            if args.prefix:
+                shape += f", the first {args.prefix} shared"
+            title = f"LoRA step on {label}, {shape} ({precision})"
             Console(width=160).print(_table(title, memory, rows, args.batch * args.tokens))
 
 

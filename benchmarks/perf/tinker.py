@@ -128,7 +128,7 @@ def main() -> None:
     config = TrainerConfig(micro_batch_tokens=args.batch * args.tokens, device="cpu")
     vocab = json.loads((models.resolve(args.model) / "config.json").read_text())["vocab_size"]
     samples = turns(args.batch, args.tokens, int(vocab))
-    unchecked = dataclasses.replace(config, gradient_checkpointing=False)
+    unchecked = dataclasses.replace(config, gradient_checkpointing="false")
     rows = [
         (
             "in process (the trainer's defaults; baseline)",

@@ -215,6 +215,39 @@ def test_the_pass_at_k_samples_are_kept_apart_from_the_greedy_episodes_on_resume
     store.close()
 
 
+@pytest.mark.parametrize("every", [True, False])
+def test_pass_k_at_names_the_evaluations_that_draw_samples(tmp_path, every):
+    """With the greedy episodes in the store, an evaluation plays (and reaches the
+    `Tripwire`) only for pass@k samples: at the switch and after, and every few steps only
+    where `eval.pass_k_at` names it."""
+    store = Store(tmp_path / "store.sqlite")
+    occasions = ["switch", "after", *(["every"] if every else [])]
+    config = EvalConfig(episodes=2, pass_k=2, pass_k_at=occasions)
+    evaluator = stored_evaluator(config, tmp_path, store)
+    evaluator.switch_step = 3
+    for n, task in enumerate(evaluator.held_out_tasks("arith")):
+        store_episode(store, n, "eval/arith", task, 5, 1.0)
+    with pytest.raises(Reached):
+        evaluator.evaluate(3, version=5, between=True)  # the switch: samples all the same
+    with pytest.raises(Reached):
+        evaluator.evaluate(8, version=5)  # the after
+    assert [
+        evaluator.occasion(s, b) for s, b in ((0, False), (3, True), (6, True), (8, False))
+    ] == [
+        "before",
+        "switch",
+        "every",
+        "after",
+    ]
+    if every:
+        with pytest.raises(Reached):
+            evaluator.evaluate(6, version=5, between=True)
+    else:
+        scores = evaluator.evaluate(6, version=5, between=True)
+        assert (scores["arith"].pass_at_1, scores["arith"].k) == (1.0, 0)
+    store.close()
+
+
 def test_pass_k_defaults_to_each_envs_group_size(tmp_path):
     arith = EnvConfig(id="clawgym/Arith-v0", kwargs={"split": "train"}, group_size=4)
     evaluator = Evaluator(

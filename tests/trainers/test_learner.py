@@ -1,17 +1,23 @@
+import types
+
 import pytest
 import torch
 
 from agents import models
 from agents.engines.base import POLICY
 from agents.engines.embedded import EmbeddedEngine
-from trainers.config import TrainerConfig
+from trainers.config import TrainerConfig, checkpointing_mode
 from trainers.learner import (
     Learner,
     TrainSample,
+    activation_bytes,
     learner_device,
     learner_dtype,
     micro_batches,
+    packed_turns,
+    padded_tokens,
     resolve_adapter,
+    shared_prefix_length,
     token_logprobs,
 )
 
@@ -34,6 +40,17 @@ def make_learner(tmp_path, seed=0, **changes):
     torch.manual_seed(seed)
     config = TrainerConfig(lora_rank=4, lora_alpha=8, lr=5e-2, **changes)
     return Learner("tiny", config, tmp_path)
+
+
+def assert_same_gradients(one, two, batch, atol=1e-6):
+    """Both learners accumulate `batch`; their LoRA gradients agree (and are not all 0)."""
+    one.accumulate_gradients(batch)
+    two.accumulate_gradients(batch)
+    pairs = zip(one.model.named_parameters(), two.model.named_parameters(), strict=True)
+    grads = [(name, a.grad, b.grad) for (name, a), (_, b) in pairs if a.requires_grad]
+    assert any(g.abs().sum() > 0 for _, g, _ in grads)
+    for name, a, b in grads:
+        assert torch.allclose(a, b, rtol=1e-4, atol=atol), name
 
 
 def test_chunked_logprobs_equal_full_logits():
@@ -59,6 +76,127 @@ def test_micro_batches_respect_the_padded_token_budget():
     )
 
 
+def test_shared_prefix_length_leaves_every_row_a_token_and_skips_short_prefixes():
+    head = list(range(100, 140))
+    assert shared_prefix_length([head + [1, 2], head + [1, 3], head + [4]]) == 40
+    assert shared_prefix_length([head, head + [5]]) == 39  # the shortest keeps its last
+    assert shared_prefix_length([head[:31] + [1, 2], head[:31] + [1, 3]]) == 32
+    assert shared_prefix_length([head[:30] + [1], head[:30] + [2]]) == 0
+    rows = [sample(prompt=tuple(head), completion=(n,) * n) for n in (2, 6)]
+    assert padded_tokens(rows) == 2 * 46
+    assert padded_tokens(rows, share_prefix=True) == 40 + 2 * 6
+
+
+def test_a_shared_prefix_gives_the_log_probs_and_gradients_of_full_rows(tmp_path):
+    """Rows that start with the same 40 tokens (an agent's system prompt), of different
+    lengths and starts: one prefix pass gives what a pass per row gives."""
+    head = tuple(range(300, 340))
+    batch = [
+        sample(seq=1, prompt=head + (7, 8), completion=(44, 45, 46), advantage=1.0),
+        sample(seq=2, prompt=head + (9,), completion=(50, 51, 52, 53, 54, 55), advantage=-1.0),
+        sample(seq=3, prompt=head[:-1], completion=(head[-1], 60, 61), advantage=0.5),
+    ]
+    full = make_learner(tmp_path / "full", share_prefix=False, gradient_checkpointing=False)
+    shared = make_learner(tmp_path / "shared", share_prefix=True, gradient_checkpointing=False)
+    assert shared._share_prefix
+    for a, b in zip(full._logprobs(batch), shared._logprobs(batch), strict=True):
+        assert torch.allclose(a.detach(), b.detach(), atol=1e-5)
+    assert_same_gradients(full, shared, batch)
+
+
+def two_turn_episode(head=()):
+    """Turn 2's prompt is turn 1's prompt, completion and a tool reply, token for token."""
+    first = sample(seq=1, prompt=head + PROMPT, completion=(44, 45, 46), advantage=1.0)
+    second_prompt = first.prompt_ids + first.completion_ids + (70, 71, 72)
+    second = sample(seq=2, prompt=second_prompt, completion=(80, 81), advantage=-0.5)
+    return first, second
+
+
+def test_an_episodes_turns_pack_into_its_last_turns_row():
+    first, second = two_turn_episode()
+    other = sample(seq=3, prompt=(9, 9) + PROMPT, completion=(44,))
+    inside = sample(seq=4, prompt=PROMPT, completion=(44, 45))  # begins turn 1 too
+    assert packed_turns([first, other, second]) == [[2, 0], [1]]
+    assert packed_turns([inside, first, second]) == [[2, 1, 0]]
+    diverging = sample(seq=5, prompt=PROMPT, completion=(44, 99))
+    assert packed_turns([first, diverging]) == [[0], [1]]
+
+
+@pytest.mark.parametrize("share_prefix", [False, True])
+def test_packed_turns_give_the_log_probs_and_gradients_of_a_row_each(tmp_path, share_prefix):
+    head = tuple(range(300, 340)) if share_prefix else ()
+    first, second = two_turn_episode(head)
+    batch = [first, sample(seq=3, prompt=head + (5, 6), completion=(50, 51), advantage=0.5), second]
+    rows = make_learner(tmp_path / "rows", pack_turns=False, gradient_checkpointing=False)
+    packed = make_learner(
+        tmp_path / "packed", share_prefix=share_prefix, gradient_checkpointing=False
+    )
+    assert [len(b) for b in packed._micro_batches(batch)] == [3]
+    for a, b in zip(rows._logprobs(batch), packed._logprobs(batch), strict=True):
+        assert a.shape == b.shape
+        assert torch.allclose(a.detach(), b.detach(), atol=1e-5)
+    assert_same_gradients(rows, packed, batch)
+
+
+def test_scoring_one_turn_after_another_reuses_their_prefix_exactly(tmp_path):
+    """`Learner.logprobs` keeps the prefix two calls share: later calls that begin with it
+    give what a cold pass gives, and a step (new weights) drops it."""
+    learner = make_learner(tmp_path, gradient_checkpointing=False)
+    head = tuple(range(300, 340))
+    first, second = two_turn_episode(head)
+    other = sample(seq=3, prompt=head + (5, 6), completion=(50, 51))
+    cold = [t.detach().tolist() for t in learner._logprobs([first, second, other])]
+    turns = (first, second, other, second)  # the last begins with the prefix kept before it
+    scored = [learner.logprobs(s.prompt_ids, s.completion_ids) for s in turns]
+    assert learner._held_prefix is not None and len(learner._held_prefix[1]) == 40
+    for got, expected in zip(scored, [*cold, cold[1]], strict=True):
+        assert got == pytest.approx(expected, abs=1e-5)
+    learner.step([first])
+    assert learner._held_prefix is None
+    moved = learner._logprobs([second])[0].detach().tolist()
+    assert learner.logprobs(second.prompt_ids, second.completion_ids) == pytest.approx(
+        moved, abs=1e-5
+    )
+
+
+def test_gradient_checkpointing_trains_without_the_shared_prefix(tmp_path):
+    learner = make_learner(tmp_path, share_prefix=True, gradient_checkpointing=True)
+    assert not learner._share_prefix
+
+
+def test_gradient_checkpointing_reads_auto_true_and_false_and_refuses_the_rest():
+    assert [checkpointing_mode(v) for v in ("auto", True, "False", "on", False)] == [
+        "auto",
+        "on",
+        "off",
+        "on",
+        "off",
+    ]
+    with pytest.raises(ValueError, match="use auto, true or false"):
+        checkpointing_mode("sometimes")
+
+
+def test_activation_bytes_counts_hidden_and_intermediate_tensors_per_layer_and_position():
+    shape = types.SimpleNamespace(hidden_size=4, intermediate_size=8, num_hidden_layers=2)
+    # per layer and position 12 x 4 + 5 x 8 = 88 values of 4 bytes, doubled, x 10 x 2 layers
+    assert activation_bytes(10, shape, 4) == 2 * 10 * 2 * 88 * 4 == 14080
+
+
+@pytest.mark.parametrize("budget_gib, checkpointed", [(1e-9, True), (64.0, False)])
+def test_auto_checkpointing_turns_on_only_for_a_pass_past_the_memory_budget(
+    tmp_path, budget_gib, checkpointed
+):
+    first, second = two_turn_episode(tuple(range(300, 340)))
+    batch = [first, second]
+    learner = make_learner(
+        tmp_path / "auto", gradient_checkpointing="auto", memory_budget_gib=budget_gib
+    )
+    plain = make_learner(tmp_path / "plain", gradient_checkpointing=False)
+    assert_same_gradients(learner, plain, batch)
+    assert learner._checkpointed is checkpointed
+    assert learner._share_prefix is not checkpointed
+
+
 def test_a_step_moves_log_probs_in_the_direction_of_the_advantage(tmp_path):
     learner = make_learner(tmp_path)
     up, down = sample(seq=1, advantage=1.0), sample(seq=2, advantage=-1.0, completion=(90, 91, 92))
@@ -78,13 +216,7 @@ def test_micro_batching_does_not_change_the_gradient(tmp_path):
     one = make_learner(tmp_path / "one", micro_batch_tokens=10_000)
     many = make_learner(tmp_path / "many", micro_batch_tokens=16)
     assert len(micro_batches(batch, 16)) == 4
-    one.accumulate_gradients(batch)
-    many.accumulate_gradients(batch)
-    pairs = zip(one.model.named_parameters(), many.model.named_parameters(), strict=True)
-    grads = [(name, a.grad, b.grad) for (name, a), (_, b) in pairs if a.requires_grad]
-    assert any(g.abs().sum() > 0 for _, g, _ in grads)
-    for name, a, b in grads:
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), name
+    assert_same_gradients(one, many, batch, atol=1e-7)
 
 
 def test_checkpoint_restores_weights_optimizer_and_cursor(tmp_path):

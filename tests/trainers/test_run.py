@@ -287,6 +287,8 @@ def test_a_run_whose_groups_all_score_the_same_stops_saying_so(tmp_path):
         (lambda c: setattr(c.trainer, "device", "tpu"), "trainer.device"),
         (lambda c: setattr(c.trainer, "dtype", "fp8"), "trainer.dtype"),
         (lambda c: setattr(c.trainer, "threads", 0), "trainer.threads"),
+        (lambda c: setattr(c.trainer, "gradient_checkpointing", "maybe"), "auto, true or false"),
+        (lambda c: setattr(c.eval, "pass_k_at", ["switch", "end"]), "unknown \\['end'\\]"),
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):

@@ -141,7 +141,7 @@ class TinkerEngine:
         config = TrainerConfig(
             lora_rank=rank,
             target_modules=targets,
-            gradient_checkpointing=False,
+            gradient_checkpointing="false",
             device=self.device,
             dtype=self.dtype,
         )
