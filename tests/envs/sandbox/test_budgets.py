@@ -62,10 +62,24 @@ def test_nothing_a_command_started_runs_on_into_the_next(sandbox):
 def test_keep_background_lets_them_run_on(backend):
     with make_sandbox(backend, SandboxConfig(keep_background=True)) as sandbox:
         sandbox.exec("(while :; do echo x >> /tmp/child.log; sleep 0.05; done) &")
-        time.sleep(0.5)
-        first = int(sandbox.exec("wc -l < /tmp/child.log").stdout)
-        time.sleep(0.5)
-        assert int(sandbox.exec("wc -l < /tmp/child.log").stdout) > first
+        lines = _poll(lambda: int(sandbox.exec("wc -l < /tmp/child.log 2>/dev/null").stdout or 0))
+        first = lines(lambda n: n > 0)
+        assert lines(lambda n: n > first) > first  # still writing, after the execs between
+
+
+def _poll(read, timeout=30.0):
+    """`until(condition)`: reads `read()` until `condition` holds of it (or the timeout
+    passes) and returns the last value: a busy machine slows the loop, never fails it."""
+
+    def until(condition):
+        deadline = time.monotonic() + timeout
+        value = read()
+        while not condition(value) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = read()
+        return value
+
+    return until
 
 
 def test_a_writer_past_the_disk_budget_is_stopped_and_told_why(small_disk):
