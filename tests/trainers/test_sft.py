@@ -134,21 +134,22 @@ def test_sft_learns_from_a_parquet_export_of_another_run(tmp_path):
     assert all(s.metadata[DEMONSTRATION].startswith("parquet:") for s in sessions)
 
 
+WARM_START = (
+    "env=arith",
+    "method=binary",
+    "env.arith.group_size=2",
+    "env.arith.max_tokens=24",
+    "sft.episodes=4",
+    "sft.warm_start_steps=2",
+    "trainer.batch_turns=4",
+    "eval.episodes=2",
+)
+"""A binary run on arith after a warm start of 2 supervised steps on 4 demonstrations."""
+
+
 def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(tmp_path):
     run_dir = tmp_path / "warm"
-    summary = train(
-        run_dir,
-        "env=arith",
-        "method=binary",
-        "env.arith.group_size=2",
-        "env.arith.max_tokens=24",
-        "sft.episodes=4",
-        "sft.warm_start_steps=2",
-        "sft.lr=2e-3",
-        "trainer.batch_turns=4",
-        "trainer.max_steps=1",
-        "eval.episodes=2",
-    )
+    summary = train(run_dir, *WARM_START, "sft.lr=2e-3", "trainer.max_steps=1")
     assert (summary["steps"], summary["adapter_version"]) == (3, 3)
     # evaluated before, after the warm start and after the RL step
     assert [step for step, *_ in summary["held_out"]["arith"]["curve"]] == [0, 2, 3]
@@ -168,17 +169,7 @@ def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(
 
 def test_a_run_stopped_during_the_switchs_evaluation_takes_it_up_on_resume(tmp_path):
     run_dir = tmp_path / "warm"
-    command = [
-        "env=arith",
-        "method=binary",
-        "env.arith.group_size=2",
-        "env.arith.max_tokens=24",
-        "sft.episodes=4",
-        "sft.warm_start_steps=2",
-        "trainer.batch_turns=4",
-        "trainer.max_steps=0",
-        "eval.episodes=2",
-    ]
+    command = [*WARM_START, "trainer.max_steps=0"]
     first = train(run_dir, *command)
     assert first["held_out"]["arith"]["switch"]["step"] == 2
     # a stop during the switch's evaluation: its checkpoint is there, its rows are not
