@@ -199,6 +199,8 @@ class EmbeddedEngine:
                     yield chunk
         finally:
             request.cancelled = True  # a no-op once finished; frees the row if abandoned
+        if (tail := reply.tail()) is not None:
+            yield tail
         yield reply.completion()
 
     async def agenerate(
@@ -238,6 +240,8 @@ class EmbeddedEngine:
             while True:
                 for item in await sink.take():
                     if item is END:
+                        if (tail := reply.tail()) is not None:
+                            yield tail
                         yield reply.completion()
                         return
                     if (chunk := reply.add(item)) is not None:
@@ -378,6 +382,13 @@ class _Reply:
         text = "" if item[0] in self.eos else self.text.push(item[0])
         return TokenChunk((item[0],), (item[1],), text)
 
+    def tail(self) -> TokenChunk | None:
+        """After the last token: the text held back as an incomplete character, which the
+        completion's text has too (as U+FFFD), in a chunk of no tokens; None if nothing is."""
+        if self.text is None or not (rest := self.text.rest()):
+            return None
+        return TokenChunk((), (), rest)
+
     def completion(self) -> Completion:
         request = self.request
         return self.engine._completion(
@@ -416,3 +427,10 @@ class _Detokenizer:
             return ""
         self.prefix, self.read = self.read, len(self.ids)
         return window[len(shown) :]
+
+    def rest(self) -> str:
+        """The text of the tokens pushed but not yet emitted (the stream has ended)."""
+        if self.read == len(self.ids):
+            return ""
+        shown = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        return self.tokenizer.decode(self.ids[self.prefix :])[len(shown) :]
