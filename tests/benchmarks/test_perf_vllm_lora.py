@@ -10,7 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.vllm
+# 66 s here (two vLLM servers); the kernels' log-probs are checked on the shared server by
+# tests/agents/engines/test_vllm.py in the default run
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_the_benchmark_prints_both_kernel_sets_and_the_reference():

@@ -40,7 +40,16 @@ def learner_gaps(run_dir, turns):
     return gaps
 
 
-@pytest.mark.parametrize("method", ["binary", "opd", "combine"])
+# binary in the default run; opd and combine (45 s each here, the judge's path the embedded
+# runs of tests/trainers/test_run.py cover in every run) with -m slow
+@pytest.mark.parametrize(
+    "method",
+    [
+        "binary",
+        pytest.param("opd", marks=pytest.mark.slow),
+        pytest.param("combine", marks=pytest.mark.slow),
+    ],
+)
 def test_each_method_trains_two_steps_on_vllm_and_matches_its_logprobs(tmp_path, method):
     run_dir = tmp_path / method
     # alternating phases: the turns played after step 1 are sampled by adapter v1
@@ -62,6 +71,9 @@ def test_each_method_trains_two_steps_on_vllm_and_matches_its_logprobs(tmp_path,
         assert summary["logprob_gap"] < 1e-3
 
 
+# 80 s here; the default run kills a vLLM server (tests/agents/engines/test_vllm.py) and a
+# whole embedded run (tests/trainers/test_run.py)
+@pytest.mark.slow
 def test_a_vllm_killed_mid_run_stops_it_clearly_and_the_same_command_resumes(tmp_path):
     run_dir = tmp_path / "run"
     # More steps than the turns judged ahead (two batches) can feed: at the kill, the run
