@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Installs OpenClaw, the real agent client the `openclaw` tests drive against the proxy,
 # under .openclaw-node (git-ignored; a link to a build that clones share, scripts/shared_env.sh),
-# from the npm
-# registry alone. Idempotent, never prompts; a stamp file makes a second run instant.
+# from the npm registry alone. Idempotent, never prompts; a stamp file makes a second run instant.
 # Called by scripts/setup.sh; runs alone too:
 #
 #   scripts/setup_openclaw.sh
