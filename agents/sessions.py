@@ -533,7 +533,10 @@ def sampled_turn(
     tools: Sequence[Mapping[str, Any]],
 ) -> Turn:
     """The turn an engine's completion makes, token-exact, with the reply as the client saw
-    it (tool-call ids included)."""
+    it (tool-call ids included). A server that names no token ids (an OpenAI endpoint the
+    leaderboard plays) may still give log-probs: with no tokens to pin them to they would
+    train nothing, so the turn keeps neither."""
+    exact = bool(completion.completion_token_ids)
     return Turn(
         session_id=session_id,
         index=index,
@@ -541,7 +544,7 @@ def sampled_turn(
         prompt_messages=tuple(messages),
         prompt_token_ids=completion.prompt_token_ids,
         completion_token_ids=completion.completion_token_ids,
-        completion_logprobs=completion.completion_logprobs,
+        completion_logprobs=completion.completion_logprobs if exact else (),
         completion=reply,
         policy_version=completion.policy_version,
         tools=tuple(tools),
