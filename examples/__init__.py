@@ -1,0 +1,1 @@
+"""Examples of extending clawgym from outside its packages (docs/environments.md)."""
