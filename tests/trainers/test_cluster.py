@@ -102,6 +102,7 @@ def _open_episode_with_a_turn(store_path: Path) -> tuple[str, int] | None:
     return None
 
 
+@pytest.mark.slow
 def test_workers_on_two_nodes_play_a_mixture_and_a_killed_worker_fails_only_its_episode(
     tmp_path, two_nodes
 ):

@@ -104,6 +104,7 @@ def test_an_adapter_published_under_load_reaches_every_replica_and_no_request_fa
     assert versions and set(versions) <= {start, start + 1, start + 2}
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_a_killed_replica_loses_only_its_sessions_and_is_replaced(vllm_alone, tiny_adapters):
     from agents.engines.vllm import VLLMEngine

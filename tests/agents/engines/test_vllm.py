@@ -330,6 +330,7 @@ def test_a_bad_model_directory_fails_at_start_naming_its_kept_log(vllm_alone, tm
     log.unlink()
 
 
+@pytest.mark.slow
 def test_a_killed_server_makes_every_call_raise_engine_died(vllm_alone, tiny_adapters):
     engine = VLLMEngine("tiny")
     try:
