@@ -5,6 +5,10 @@ sorting script is inline and the plots are inline SVG drawn by matplotlib. Per s
 shows one sortable table (click a header; again to reverse) and two plots: score by policy
 with 95% intervals for every task set, and success rate across adapter steps for every
 training run evaluated at several steps (the learning curve).
+
+Policy, task set and suite names come from whoever ran the benchmark (a run directory's
+name, an endpoint's model) and are shown as text everywhere: escaped for markdown and HTML,
+and drawn with matplotlib's math markup off, so no name can break a page or the plotting.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import html
 import io
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -57,6 +62,35 @@ def _cell(row: Row, key: str) -> str:
     return _num(row[key]) if isinstance(row[key], float) else str(row[key])
 
 
+# Characters that mean something inside a markdown table cell or heading: emphasis, code,
+# links and images, HTML, the cell separator, strikethrough, a heading's closing hashes.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~#])")
+# The columns whose values are names someone chose rather than figures.
+_NAMED_COLUMNS = frozenset({"policy", "kind", "weights_hash"})
+
+
+def markdown_text(text: str) -> str:
+    """`text` as literal markdown on one line (a table cell holds no line break)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def markdown_code(text: str) -> str:
+    """`text` as an inline code span: the fence is one backtick longer than any run of
+    backticks inside it (CommonMark's rule), so the span cannot be closed early."""
+    text = " ".join(str(text).split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def plot_text(text: str) -> str:
+    """`text` as matplotlib draws it literally: an escaped dollar sign starts no math."""
+    text = str(text).replace("$", r"\$")
+    # a legend skips labels that start with an underscore
+    return "\u200b" + text if text.startswith("_") else text
+
+
 def by_suite(rows: Sequence[Row]) -> dict[str, list[Row]]:
     """Rows grouped by suite, each ranked within its task set (success, then score)."""
     grouped: dict[str, list[Row]] = defaultdict(list)
@@ -82,15 +116,20 @@ def markdown(rows: Sequence[Row]) -> str:
     ]
     header = [label for key, label in COLUMNS if key != "task_set"]
     for suite, suite_rows in by_suite(rows).items():
-        lines += ["", f"## suite `{suite}`"]
+        lines += ["", f"## suite {markdown_code(suite)}"]
         for task_set in dict.fromkeys(r["task_set"] for r in suite_rows):
-            lines += ["", f"### {task_set}", "", "| # | " + " | ".join(header) + " |"]
+            heading = f"### {markdown_text(task_set)}"
+            lines += ["", heading, "", "| # | " + " | ".join(header) + " |"]
             lines.append("|---" * (len(header) + 1) + "|")
             ranked = [r for r in suite_rows if r["task_set"] == task_set]
             for rank, row in enumerate(ranked, 1):
-                cells = [_cell(row, key) for key, _ in COLUMNS if key != "task_set"]
+                cells = [_markdown_cell(row, key) for key, _ in COLUMNS if key != "task_set"]
                 lines.append(f"| {rank} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _markdown_cell(row: Row, key: str) -> str:
+    return markdown_text(_cell(row, key)) if key in _NAMED_COLUMNS else _cell(row, key)
 
 
 # -- HTML --------------------------------------------------------------------------------
@@ -205,9 +244,11 @@ def reward_plot(rows: Sequence[Row]) -> str:
             [v - _finite(mine[p]["score_lo"], v) for p, v in zip(names, values, strict=True)],
             [_finite(mine[p]["score_hi"], v) - v for p, v in zip(names, values, strict=True)],
         ]
-        ax.barh(names, values, xerr=errors, color="#4c72b0", capsize=3)
+        # positions, not the names, on the axis: a categorical axis would parse them as markup
+        ax.barh(range(len(names)), values, xerr=errors, color="#4c72b0", capsize=3)
+        ax.set_yticks(range(len(names)), labels=[plot_text(n) for n in names])
         ax.invert_yaxis()
-        ax.set_title(task_set, fontsize=9)
+        ax.set_title(plot_text(task_set), fontsize=9)
         ax.set_xlabel("score")
     figure.tight_layout()
     return _svg(figure)
@@ -230,7 +271,7 @@ def learning_curve_plot(rows: Sequence[Row]) -> str | None:
     ax = figure.subplots()
     for (series, task_set), points in sorted(curves.items()):
         steps, values = zip(*points, strict=True)
-        ax.plot(steps, values, marker="o", label=f"{series} · {task_set}")
+        ax.plot(steps, values, marker="o", label=plot_text(f"{series} · {task_set}"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("adapter step (0 = base model)")
     ax.set_ylabel("success (pass@1)")
