@@ -209,7 +209,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=16)
@@ -246,17 +246,10 @@ def main() -> None:
         "--rescore", action="store_true", help="score the runs already in --out, no training"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    before = base_score(args) if args.methods else HeldOut(0.0, 0.0, 0.0)
-    earlier = {}
-    if args.rescore:
-        earlier = {r["method"]: r for r in json.loads((args.out / "learning.json").read_text())}
-    for method in args.methods:  # each result is kept as soon as it exists
-        results.append(learn(args, method, before, earlier.get(method)))
-        (args.out / "learning.json").write_text(json.dumps(results, indent=2))
+    return parser.parse_args()
+
+
+def learning_table(args: argparse.Namespace, results: list[dict[str, Any]]) -> Table:
     table = Table(
         title=f"learning on Chat-v0 ({args.persona}), {args.model}, judge={args.judge}, "
         f"lr {args.lr:g}, {args.steps} steps of {args.batch_turns} turns"
@@ -274,25 +267,43 @@ def main() -> None:
             f"{r['guarded_before']:.3f} / {r['guarded_after']:.3f}",
             f"{r['wall_s']:.0f}",
         )
+    return table
+
+
+def speedup_table(args: argparse.Namespace, walls: list[tuple[str, int, float, float]]) -> Table:
+    table = Table(title=f"async speed-up: {args.speedup_steps} binary steps, same turns")
+    timed = ("loops", "torch threads", "wall s", "overlapped speed-up")
+    for column in (*timed, "after step 1 s", "speed-up after step 1"):
+        table.add_column(column, justify="left" if column == "loops" else "right")
+    _, _, overlapped, steady = walls[0]
+    for loops, threads, wall, after in walls:
+        table.add_row(
+            loops,
+            str(threads),
+            f"{wall:.0f}",
+            f"{wall / overlapped:.2f}x",
+            f"{after:.0f}",
+            f"{after / steady:.2f}x",
+        )
+    return table
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    before = base_score(args) if args.methods else HeldOut(0.0, 0.0, 0.0)
+    earlier = {}
+    if args.rescore:
+        earlier = {r["method"]: r for r in json.loads((args.out / "learning.json").read_text())}
+    for method in args.methods:  # each result is kept as soon as it exists
+        results.append(learn(args, method, before, earlier.get(method)))
+        (args.out / "learning.json").write_text(json.dumps(results, indent=2))
     console = Console()
-    console.print(table)
+    console.print(learning_table(args, results))
     if args.speedup_steps:
-        walls = speedup(args)
-        table = Table(title=f"async speed-up: {args.speedup_steps} binary steps, same turns")
-        timed = ("loops", "torch threads", "wall s", "overlapped speed-up")
-        for column in (*timed, "after step 1 s", "speed-up after step 1"):
-            table.add_column(column, justify="left" if column == "loops" else "right")
-        _, _, overlapped, steady = walls[0]
-        for loops, threads, wall, after in walls:
-            table.add_row(
-                loops,
-                str(threads),
-                f"{wall:.0f}",
-                f"{wall / overlapped:.2f}x",
-                f"{after:.0f}",
-                f"{after / steady:.2f}x",
-            )
-        console.print(table)
+        console.print(speedup_table(args, speedup(args)))
     if results:
         plot(results, args.out / "learning.png")
     (args.out / "learning.json").write_text(json.dumps(results, indent=2))
