@@ -30,7 +30,7 @@ from agents.config import (
     validate_serve,
 )
 from agents.engines.base import Engine, SamplingParams
-from agents.proxy import LIVE_ENV_ID, Proxy, ProxyConfig
+from agents.serving.proxy import LIVE_ENV_ID, Proxy, ProxyConfig
 from agents.store import Store
 from agents.trajectory import TurnType
 

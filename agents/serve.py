@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents.config import EngineConfig, ModelConfig, ServeSection, validate_serve
 from agents.engines.base import Engine
-from agents.proxy import Proxy, ProxyConfig
+from agents.serving.proxy import Proxy, ProxyConfig
 from agents.store import Store
 
 logger = logging.getLogger(__name__)
@@ -146,8 +146,8 @@ def serve(config: ServeRunConfig) -> None:
 
 def _protocol(config: ProxyConfig) -> type[asyncio.Protocol]:
     """The HTTP protocol the proxy is served with: writes coalesced, connections that idle
-    or send slowly closed (`agents.http_protocol`)."""
-    from agents.http_protocol import http_protocol
+    or send slowly closed (`agents.serving.http_protocol`)."""
+    from agents.serving.http_protocol import http_protocol
 
     return http_protocol(config.idle_timeout_s, config.request_timeout_s)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 
 from agents.engines.base import Engine
-from agents.proxy import ProxyConfig
 from agents.serve import in_thread as running
+from agents.serving.proxy import ProxyConfig
 from agents.store import Store
 
 __all__ = ["running", "served_client"]

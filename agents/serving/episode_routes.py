@@ -13,7 +13,7 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
   environment's reward of each, `status` is `done` (default), `truncated` or `failed`, and
   `reason` says why it ended (kept in the session's metadata as `end_reason`).
 
-Both are admin routes: they need the proxy's admin key and a JSON body (`agents.proxy`).
+Both are admin routes: they need the proxy's admin key and a JSON body (`agents.serving.proxy`).
 `agents.rollout.ProxySeat` is the client side.
 """
 
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 
-from agents import openai_api as api
-from agents.sessions import SessionEnded, SessionRefused, checked_id
+from agents.serving import openai_api as api
+from agents.serving.sessions import SessionEnded, SessionRefused, checked_id
 from agents.trajectory import Session, SessionStatus
 
 if TYPE_CHECKING:
-    from agents.proxy import Proxy
+    from agents.serving.proxy import Proxy
 
 ENDED = (SessionStatus.DONE, SessionStatus.TRUNCATED, SessionStatus.FAILED)
 """The statuses an episode's client may end its session with."""

@@ -6,7 +6,7 @@ serves it from a thread with `agents.serve.in_thread`.
 Routes: `POST /v1/chat/completions` (plain, or real token-by-token server-sent events),
 `GET /v1/models` (`policy`, and `base`: the adapter switched off), `GET /healthz`, and
 `POST /admin/adapters` (`{"path", "version"}`) to publish a new policy version (in process,
-`Proxy.publish_adapter` does the same), and the episode routes of `agents.episode_routes`
+`Proxy.publish_adapter` does the same), and the episode routes of `agents.serving.episode_routes`
 (`POST /admin/sessions`, `POST /admin/sessions/{id}/end`), through which a simulated
 episode's client tells the proxy its env, task, group, rewards and last observation, so that
 training's own rollouts are recorded by the proxy like any client's turns. Publishing never
@@ -15,10 +15,10 @@ it.
 
 Every main turn is committed to the store, token-exactly with its policy version, before
 its response completes (for a stream, before the chunk carrying `finish_reason`, so before
-`[DONE]`); `agents.sessions` says how sessions, side turns and next states work.
+`[DONE]`); `agents.serving.sessions` says how sessions, side turns and next states work.
 
-Bad input is a 4xx with OpenAI's error body (`agents.chat_request` validates requests,
-`agents.openai_api` builds errors and responses). A bearer API key is checked when one is
+Bad input is a 4xx with OpenAI's error body (`agents.serving.chat_request` validates requests,
+`agents.serving.openai_api` builds errors and responses). A bearer API key is checked when one is
 configured (`agents.serve` requires one beyond loopback).
 
 The admin routes change what is served and what is trained on, so they need more than
@@ -51,8 +51,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agents import openai_api as api
-from agents.chat_request import ChatRequest, validation_message
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -63,9 +61,11 @@ from agents.engines.base import (
     TokenChunk,
 )
 from agents.engines.replicas import ReplicaSet, SessionEngine
-from agents.episode_routes import add_episode_routes
-from agents.http_protocol import CONNECTION_LOST
-from agents.sessions import (
+from agents.serving import openai_api as api
+from agents.serving.chat_request import ChatRequest, validation_message
+from agents.serving.episode_routes import add_episode_routes
+from agents.serving.http_protocol import CONNECTION_LOST
+from agents.serving.sessions import (
     SessionEnded,
     SessionInfo,
     SessionNotOwned,
@@ -440,7 +440,7 @@ async def _all(calls: list[Coroutine[Any, Any, T]], scope: Scope, receive: Recei
     """Awaits every call; the first failure cancels the others and is raised, so does a
     client that leaves meanwhile (as `ClientDisconnect`): nothing is sampled for nobody.
 
-    The server's connection-lost future (`agents.http_protocol`) says the client left;
+    The server's connection-lost future (`agents.serving.http_protocol`) says the client left;
     under another ASGI server a task waits on `receive()` for it.
     """
     tasks = [asyncio.ensure_future(call) for call in calls]
