@@ -1,7 +1,7 @@
 """The token-exact OpenAI-compatible proxy (DESIGN.md, "Proxy"): an ASGI app in front of
 any engine (chat completions served directly, the other routes by FastAPI); every request
 runs on the event loop (`Proxy` says why). `python -m agents.serve` runs it; the trainer
-serves it from a thread with `agents.serve.in_thread`.
+serves it from a thread with `agents.serving.server.in_thread`.
 
 Routes: `POST /v1/chat/completions` (plain, or real token-by-token server-sent events),
 `GET /v1/models` (`policy`, and `base`: the adapter switched off), `GET /healthz`, and

@@ -360,7 +360,7 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
     except Exception as error:  # no vLLM environment here: say so in the table
         reason = f"unavailable: {str(error).splitlines()[0][:60]}"
         return [(name, c, reason) for name in ("vLLM direct", "vLLM via proxy") for c in (1, 16)]
-    from agents.serve import in_thread
+    from agents.serving.server import in_thread
 
     rows: list[tuple[str, int, float | str]] = []
     try:
