@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents.compose import build_engine, proxy_config, serve_key
 from agents.config import EngineConfig, ModelConfig, ServeSection, validate_serve
+from agents.serving.app import build_app
 from agents.serving.proxy import Proxy
 from agents.serving.server import protocol
 from agents.store import Store
@@ -81,7 +82,7 @@ def serve(config: ServeRunConfig) -> None:
     )
     try:
         uvicorn.run(
-            proxy.app,
+            build_app(proxy),
             http=protocol(proxy.config),
             host=section.host,
             port=section.port,

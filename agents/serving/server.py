@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agents.engines.base import Engine
+from agents.serving.app import build_app
 from agents.serving.http_protocol import http_protocol
 from agents.serving.proxy import Proxy, ProxyConfig
 from agents.store import Store
@@ -58,7 +59,7 @@ def in_thread(
     and the tests start the proxy); port 0 takes a free one. Yields the base URL (`.../v1`)."""
     proxy = Proxy(engine, store, config)
     options = {"http": protocol(proxy.config), "access_log": False, "proxy_headers": False}
-    with uvicorn_in_thread(proxy.app, host, port, **options) as bound:
+    with uvicorn_in_thread(build_app(proxy), host, port, **options) as bound:
         yield f"http://{host}:{bound}/v1", proxy
 
 

@@ -433,7 +433,7 @@ def test_the_loop_leaves_wal_checkpoints_to_a_worker_thread(tiny_engine, tmp_pat
         for _ in range(7):
             create(client)
     assert len(checkpoints) == 2  # after turns 3 and 6
-    loop_thread = served._checkpoints._loop_thread
+    loop_thread = served.checkpoints._loop_thread
     assert loop_thread is not None and loop_thread not in checkpoints
     assert store.count_turns() == 7
     store.close()
@@ -452,7 +452,7 @@ def test_checkpoints_keep_the_log_bounded_while_writes_never_stop(tmp_path, monk
     monkeypatch.setattr(proxy, "CHECKPOINT_TURNS", 32)
     store = Store(tmp_path / "store.sqlite")
     store.add_session(Session("s", "live"))
-    checkpoints = proxy._Checkpoints(store)
+    checkpoints = proxy.Checkpoints(store)
     ran: list[int] = []
     original = store.checkpoint
     monkeypatch.setattr(store, "checkpoint", lambda: (ran.append(1), original())[1])
@@ -512,8 +512,8 @@ def test_a_client_leaving_cancels_the_calls_with_or_without_the_servers_future(s
     another ASGI server, from `receive()`."""
     from starlette.requests import ClientDisconnect
 
+    from agents.serving.chat_turn import _all
     from agents.serving.http_protocol import CONNECTION_LOST
-    from agents.serving.proxy import _all
 
     async def scenario():
         loop = asyncio.get_running_loop()
