@@ -43,8 +43,8 @@ from agents.serving import openai_api as api
 from agents.serving.chat_request import ChatRequest, validation_message
 from agents.serving.chat_turn import ChatTurn
 from agents.serving.episode_routes import add_episode_routes
+from agents.serving.identity import SessionRefused, identify
 from agents.serving.proxy import Proxy
-from agents.serving.sessions import SessionRefused, identify
 from agents.trajectory import TurnType
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from agents.engines.base import Completion, ContextExceeded, SamplingParams, Tok
 from agents.serving import openai_api as api
 from agents.serving.chat_request import ChatRequest
 from agents.serving.http_protocol import CONNECTION_LOST
+from agents.serving.identity import SessionEnded, SessionInfo, SessionNotOwned
 from agents.serving.proxy import Proxy
-from agents.serving.sessions import SessionEnded, SessionInfo, SessionNotOwned
 
 logger = logging.getLogger(__name__)
 

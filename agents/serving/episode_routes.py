@@ -26,8 +26,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from agents.serving import openai_api as api
+from agents.serving.identity import SessionEnded, SessionRefused, checked_id
 from agents.serving.proxy import Proxy
-from agents.serving.sessions import SessionEnded, SessionRefused, checked_id
 from agents.trajectory import Session, SessionStatus
 
 ENDED = (SessionStatus.DONE, SessionStatus.TRUNCATED, SessionStatus.FAILED)

@@ -6,15 +6,9 @@ from __future__ import annotations
 import pytest
 
 from agents.engines.base import Completion
-from agents.serving.sessions import (
-    SessionEnded,
-    SessionInfo,
-    SessionRefused,
-    SessionTracker,
-    identify,
-    is_transient,
-    next_state,
-)
+from agents.serving.histories import is_transient, next_state
+from agents.serving.identity import SessionEnded, SessionInfo, SessionRefused, identify
+from agents.serving.sessions import SessionTracker
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnType
 
