@@ -30,7 +30,8 @@ from agents.config import (
     validate_serve,
 )
 from agents.engines.base import Engine, SamplingParams
-from agents.proxy import LIVE_ENV_ID, Proxy, ProxyConfig
+from agents.serving.proxy import LIVE_ENV_ID, Proxy, ProxyConfig
+from agents.serving.server import in_thread
 from agents.store import Store
 from agents.trajectory import TurnType
 
@@ -157,8 +158,6 @@ def serve_policy(
     """Serves `engine` behind the token-exact proxy from a thread of this process, on
     `serve.host:serve.port` (port 0: any free one); yields its base URL and the proxy (its
     `admin_key` is what the admin routes take: `ProxySeat(..., admin_key=proxy.admin_key)`)."""
-    from agents.serve import in_thread
-
     validate_serve(serve)
     config = proxy_config(serve, model_name, env_id)
     with in_thread(engine, store, config, serve.host, serve.port) as (url, proxy):

@@ -128,7 +128,7 @@ class EnvConfig:
 
 @dataclass
 class ServeSection:
-    """The OpenAI-compatible proxy in front of the engine (agents/proxy.py). A training run
+    """The OpenAI-compatible proxy in front of the engine (agents/serving/proxy.py). A training run
     always serves it: its own rollouts reach the policy through it, as live clients do."""
 
     enabled: bool = False

@@ -7,7 +7,7 @@
   session headers, exactly as a live client reaches it; the proxy records every turn (it is
   the one writer of turns), and the seat tells it what only the environment knows (the
   episode's env, task and group; each turn's reward; the last observation and the outcome)
-  through the proxy's episode routes (`agents.episode_routes`).
+  through the proxy's episode routes (`agents.serving.episode_routes`).
 - `DirectSeat`: the engine called in this process and the turns written to a store here;
   the leaderboard's scripted baselines play this way. With the same seed and sampling it
   stores the very token ids and log-probs the proxy stores (a test holds it to that).
@@ -40,7 +40,7 @@ import httpx
 import openai
 
 from agents.engines.base import Completion, ContextExceeded, SamplingParams
-from agents.sessions import sampled_turn
+from agents.serving.sessions import sampled_turn
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, TurnType
 

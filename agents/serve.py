@@ -17,25 +17,20 @@ a request, are closed. Ctrl-C stops the server and the engine.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
-import socket
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from agents.compose import build_engine, proxy_config, serve_key
 from agents.config import EngineConfig, ModelConfig, ServeSection, validate_serve
-from agents.engines.base import Engine
-from agents.proxy import Proxy, ProxyConfig
+from agents.serving.app import build_app
+from agents.serving.proxy import Proxy
+from agents.serving.server import protocol
 from agents.store import Store
 
 logger = logging.getLogger(__name__)
@@ -59,53 +54,9 @@ class ServeRunConfig:
     cost measured."""
 
 
-@contextlib.contextmanager
-def uvicorn_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any
-) -> Iterator[int]:
-    """Serves the ASGI `app` with uvicorn from a daemon thread of this process until the
-    block ends (port 0 takes a free one); yields the port. `options` go to uvicorn.Config."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **options))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError(f"the server on {host}:{port} did not start")
-            time.sleep(0.01)
-        yield int(sock.getsockname()[1])
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-
-
-@contextlib.contextmanager
-def in_thread(
-    engine: Engine,
-    store: Store,
-    config: ProxyConfig | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-) -> Iterator[tuple[str, Proxy]]:
-    """Serves `engine` from a thread of this process until the block ends (how the trainer
-    and the tests start the proxy); port 0 takes a free one. Yields the base URL (`.../v1`)."""
-    proxy = Proxy(engine, store, config)
-    options = {"http": _protocol(proxy.config), "access_log": False, "proxy_headers": False}
-    with uvicorn_in_thread(proxy.app, host, port, **options) as bound:
-        yield f"http://{host}:{bound}/v1", proxy
-
-
 def serve(config: ServeRunConfig) -> None:
     """Serves until interrupted (Ctrl-C, SIGTERM)."""
     import uvicorn
-
-    from agents.compose import build_engine, proxy_config, serve_key
 
     section = dataclasses.replace(config.serve, api_key=serve_key(config.serve))
     validate_serve(section)
@@ -131,8 +82,8 @@ def serve(config: ServeRunConfig) -> None:
     )
     try:
         uvicorn.run(
-            proxy.app,
-            http=_protocol(proxy.config),
+            build_app(proxy),
+            http=protocol(proxy.config),
             host=section.host,
             port=section.port,
             log_level=level,
@@ -142,14 +93,6 @@ def serve(config: ServeRunConfig) -> None:
     finally:
         engine.close()
         proxy.store.close()
-
-
-def _protocol(config: ProxyConfig) -> type[asyncio.Protocol]:
-    """The HTTP protocol the proxy is served with: writes coalesced, connections that idle
-    or send slowly closed (`agents.http_protocol`)."""
-    from agents.http_protocol import http_protocol
-
-    return http_protocol(config.idle_timeout_s, config.request_timeout_s)
 
 
 ConfigStore.instance().store(name="serve_schema", node=ServeRunConfig)

@@ -171,7 +171,7 @@ class Store:
     def checkpoint(self) -> None:
         """Copies the write-ahead log into the database file, without waiting for readers
         or writers. SQLite starts the log over at the next write only when no write came
-        during the checkpoint; `agents.proxy` holds its writes for that."""
+        during the checkpoint; `agents.serving.proxy` holds its writes for that."""
         self._db().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _write(self) -> _Transaction:

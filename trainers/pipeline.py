@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from agents.proxy import LIVE_ENV_ID
+from agents.serving.proxy import LIVE_ENV_ID
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from trainers.config import RunConfig

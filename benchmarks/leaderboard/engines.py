@@ -160,7 +160,7 @@ class Engines:
         engine: the engine config of model policies (`agents.compose.build_engine` builds
             each, with the policy's own backend).
         serve: "direct" hands episodes the engine itself, as the training rollouts do;
-            "proxy" serves it behind the token-exact proxy (`agents.serve.in_thread`) and
+            "proxy" serves it behind the token-exact proxy (`agents.serving.server.in_thread`) and
             episodes talk HTTP to it, as live clients do.
         proxy_store: where the proxy records its turns (serve="proxy").
         api_key: bearer token of OpenAI-compatible endpoints.

@@ -34,7 +34,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def main() -> None:
     import uvicorn
 
-    from agents.http_protocol import CoalescingHttpProtocol
+    from agents.serving.http_protocol import CoalescingHttpProtocol
 
     uvicorn.run(
         app,

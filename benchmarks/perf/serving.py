@@ -10,11 +10,9 @@ engine called directly in this process, one token each, over `--servers` proxy p
 taken in turn. The target row's client is the standard library's `http.client`; httpx
 (the openai client's transport) adds about a millisecond of its own, reported below, and
 the floor row is the same client's round trip to a server that does nothing on the same
-stack (`benchmarks.perf.noop_server`). Throughput is on `smollm2-135m`:
-plain transformers `generate`, one request at a time (the baseline), the embedded engine,
-vLLM called directly and vLLM through the proxy (served from a thread of this process),
-each at 1 and 16 concurrent requests (vLLM's two alternated `--repeats` times, the median
-kept); `ratio` is tokens/s over the baseline's.
+stack (`benchmarks.perf.noop_server`). The throughput table, on `smollm2-135m`, is
+`benchmarks.perf.throughput`'s: plain transformers `generate` (the baseline), the embedded
+engine, vLLM called directly and vLLM through the proxy.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,12 +44,11 @@ from rich.table import Table
 from agents import models
 from agents.engines.base import Engine, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.engines.openai_http import KEEPALIVE_S
 from agents.engines.vllm_server import free_port
 from agents.store import Store
+from benchmarks.perf import throughput
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
-TOPICS = ["the sea", "a robot", "winter", "a city", "a cat", "the moon", "music", "a forest"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -265,131 +262,6 @@ def random_adapters(root: Path, count: int) -> list[str]:
     return paths
 
 
-# -- throughput ------------------------------------------------------------------------------
-def prompts(count: int) -> list[list[dict[str, str]]]:
-    return [
-        [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}]
-        for i in range(count)
-    ]
-
-
-def aggregate(
-    run_one: Callable[[list[dict[str, str]]], int], concurrency: int, count: int
-) -> float:
-    """Tokens/s over `count` requests, `concurrency` at a time."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        tokens = sum(pool.map(run_one, prompts(count)))
-    return tokens / (time.perf_counter() - started)
-
-
-def transformers_one(model: Any, tokenizer: Any, tokens: int) -> Callable[[Any], int]:
-    lock = threading.Lock()  # the baseline serves one request at a time
-
-    def run(messages: list[dict[str, str]]) -> int:
-        ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        with lock, torch.inference_mode():
-            out = model.generate(
-                **ids, max_new_tokens=tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0
-            )
-        return int(out.shape[1] - ids["input_ids"].shape[1])
-
-    return run
-
-
-def engine_one(engine: Engine, tokens: int) -> Callable[[Any], int]:
-    sampling = SamplingParams(temperature=1.0, max_tokens=tokens)
-    return lambda messages: len(engine.generate(messages, sampling=sampling).completion_token_ids)
-
-
-def proxy_one(client: httpx.Client, base: str, tokens: int) -> Callable[[Any], int]:
-    """One request through the proxy on a client kept open, as the engine keeps its own:
-    a fresh `httpx.post` builds a client (and an SSL context) each time, tens of ms of
-    CPU under the GIL that staggered 16 concurrent requests by a quarter of their time."""
-
-    def run(messages: list[dict[str, str]]) -> int:
-        body = {"model": "policy", "messages": messages, "max_tokens": tokens, "temperature": 1.0}
-        response = client.post(base + "/v1/chat/completions", json=body)
-        response.raise_for_status()
-        return int(response.json()["usage"]["completion_tokens"])
-
-    return run
-
-
-def throughput_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
-    """(engine, concurrency, tokens/s or why not measured) on smollm2-135m."""
-    rows: list[tuple[str, int, float | str]] = []
-    model, tokenizer = models.load("smollm2-135m")
-    torch.set_num_threads(args.threads)
-    run = transformers_one(model, tokenizer, args.tokens)
-    for concurrency in (1, 16):
-        count = 6 if concurrency == 1 else 16
-        rows.append(
-            (
-                "transformers generate, one at a time",
-                concurrency,
-                aggregate(run, concurrency, count),
-            )
-        )
-    del model
-    engine = EmbeddedEngine("smollm2-135m", threads=args.threads)
-    for concurrency in (1, 16):
-        count = 6 if concurrency == 1 else 16
-        rows.append(
-            (
-                "embedded engine",
-                concurrency,
-                aggregate(engine_one(engine, args.tokens), concurrency, count),
-            )
-        )
-    engine.close()
-    del engine
-    rows += vllm_rows(args)
-    return rows
-
-
-def vllm_rows(args: argparse.Namespace) -> list[tuple[str, int, float | str]]:
-    if args.skip_vllm:
-        return [(name, c, "skipped") for name in ("vLLM direct", "vLLM via proxy") for c in (1, 16)]
-    try:
-        from agents.engines.vllm import VLLMEngine
-
-        engine = VLLMEngine("smollm2-135m")
-    except Exception as error:  # no vLLM environment here: say so in the table
-        reason = f"unavailable: {str(error).splitlines()[0][:60]}"
-        return [(name, c, reason) for name in ("vLLM direct", "vLLM via proxy") for c in (1, 16)]
-    from agents.serve import in_thread
-
-    rows: list[tuple[str, int, float | str]] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.sqlite") as store:
-            # Idle connections dropped before the proxy's uvicorn closes them (after 5 s).
-            limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
-            with (
-                in_thread(engine, store) as (url, _),
-                httpx.Client(timeout=600, limits=limits) as client,
-            ):
-                direct_one = engine_one(engine, args.tokens)
-                proxied_one = proxy_one(client, url.removesuffix("/v1"), args.tokens)
-                for concurrency in (1, 16):
-                    count = 6 if concurrency == 1 else 16
-                    # Alternated, median of several: one pass of 16 requests is a single
-                    # batch, and its tokens/s moves by 20% from one pass to the next here.
-                    direct, proxied = [], []
-                    for _ in range(args.repeats):
-                        direct.append(aggregate(direct_one, concurrency, count))
-                        proxied.append(aggregate(proxied_one, concurrency, count))
-                    rows += [
-                        ("vLLM direct", concurrency, statistics.median(direct)),
-                        ("vLLM via proxy", concurrency, statistics.median(proxied)),
-                    ]
-    finally:
-        engine.close()
-    return rows
-
-
 def _median(per_process: list[list[float]]) -> float:
     return statistics.median([value for values in per_process for value in values])
 
@@ -398,47 +270,74 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+@dataclass(frozen=True)
+class ProxyRun:
+    """What the proxy processes measured: overhead, request rates, publishes under load."""
+
+    measured: Overhead
+    rates: dict[int, float]
+    """Requests/s by concurrent sessions (8 tokens a request)."""
+    latencies: list[float]
+    """Seconds from each publish to the version served, 8 sessions loading."""
+    failed: int
+    served: int
+
+
+def run_proxies(args: argparse.Namespace, tmp: Path, adapters: list[str]) -> ProxyRun:
+    """Overhead over `args.servers` proxy processes, then request rates and publishes under
+    load on the first one alone."""
+    # Slots prepared as the trainer prepares them: every publish below is a copy. The
+    # engine called directly is prepared the same way, so that the overhead is the
+    # proxy's alone: peft's wrapped layers cost a base-model forward pass about
+    # 0.25 ms here, with or without the proxy.
+    direct = EmbeddedEngine("tiny", threads=1)
+    direct.prepare_adapter(adapters[0])
+    serve = (
+        "model=tiny",
+        "engine.threads=1",
+        "serve.log_level=warning",
+        f"adapter_shape={adapters[0]}",
+    )
+    stores = [tmp / f"store{i}.sqlite" for i in range(args.servers)]
+    key = secrets.token_urlsafe(16)
+    with proxy_process(stores[0], key, *serve) as first, contextlib.ExitStack() as others:
+        servers = [first]
+        servers += [others.enter_context(proxy_process(s, key, *serve)) for s in stores[1:]]
+        floor, _ = others.enter_context(noop_process())
+        measured = overhead(direct, servers, floor, args.requests)
+        direct.close()
+        others.close()  # the rest of the table has the cores to one proxy
+        base = first[0]
+        rates = {c: requests_per_second(base, c, max(2, 64 // c), 8) for c in (1, 8, 32)}
+        latencies, failed, served = publish_under_load(base, stores[0], adapters[:4], key)
+    return ProxyRun(measured, rates, latencies, failed, served)
+
+
+def idle_publishes(adapters: Sequence[str]) -> tuple[float, float]:
+    """Seconds to publish the first version and a later one on an idle engine without
+    prepared slots: the first version of a LoRA shape is loaded by peft, which makes its
+    slots; every later one is copied into a free slot."""
+    engine = EmbeddedEngine("tiny", threads=1)
+    started = time.perf_counter()
+    engine.load_adapter(adapters[0], 1)
+    first = time.perf_counter() - started
+    engine.score([1, 2], [3])  # one scheduler round: the spare slots are made by then
+    started = time.perf_counter()
+    engine.load_adapter(adapters[1], 2)
+    later = time.perf_counter() - started
+    engine.close()
+    return first, later
+
+
 def proxy_table(args: argparse.Namespace) -> Table:
     table = Table(title="proxy on tiny (python -m agents.serve, embedded engine, 1 thread)")
     for column in ("measure", "value", "target"):
         table.add_column(column, justify="left" if column == "measure" else "right")
     with tempfile.TemporaryDirectory() as tmp:
         adapters = random_adapters(Path(tmp), 6)
-        # Slots prepared as the trainer prepares them: every publish below is a copy. The
-        # engine called directly is prepared the same way, so that the overhead is the
-        # proxy's alone: peft's wrapped layers cost a base-model forward pass about
-        # 0.25 ms here, with or without the proxy.
-        direct = EmbeddedEngine("tiny", threads=1)
-        direct.prepare_adapter(adapters[0])
-        serve = (
-            "model=tiny",
-            "engine.threads=1",
-            "serve.log_level=warning",
-            f"adapter_shape={adapters[0]}",
-        )
-        stores = [Path(tmp) / f"store{i}.sqlite" for i in range(args.servers)]
-        key = secrets.token_urlsafe(16)
-        with proxy_process(stores[0], key, *serve) as first, contextlib.ExitStack() as others:
-            servers = [first]
-            servers += [others.enter_context(proxy_process(s, key, *serve)) for s in stores[1:]]
-            floor, _ = others.enter_context(noop_process())
-            measured = overhead(direct, servers, floor, args.requests)
-            direct.close()
-            others.close()  # the rest of the table has the cores to one proxy
-            base = first[0]
-            rates = {c: requests_per_second(base, c, max(2, 64 // c), 8) for c in (1, 8, 32)}
-            latencies, failed, served = publish_under_load(base, stores[0], adapters[:4], key)
-        # Without prepared slots the first version of a LoRA shape is loaded by peft, which
-        # makes its slots; every later one is copied into a free slot.
-        engine = EmbeddedEngine("tiny", threads=1)
-        started = time.perf_counter()
-        engine.load_adapter(adapters[4], 1)
-        idle_first = time.perf_counter() - started
-        engine.score([1, 2], [3])  # one scheduler round: the spare slots are made by then
-        started = time.perf_counter()
-        engine.load_adapter(adapters[5], 2)
-        idle_publish = time.perf_counter() - started
-        engine.close()
+        run = run_proxies(args, Path(tmp), adapters)
+        idle_first, idle_publish = idle_publishes(adapters[4:])
+    measured, rates, latencies = run.measured, run.rates, run.latencies
     stdlib, with_httpx = measured.diffs(measured.stdlib), measured.diffs(measured.httpx)
     every = [d for process in stdlib for d in process]
     table.add_row("engine direct p50, 1 token", _ms(_median(measured.direct)), "")
@@ -466,35 +365,13 @@ def proxy_table(args: argparse.Namespace) -> Table:
         "<= 100 ms",
     )
     table.add_row("  first version (slots prepared)", f"{latencies[0] * 1e3:.0f} ms", "")
-    table.add_row("failed requests during publishes", f"{failed} of {served + failed}", "0")
+    table.add_row(
+        "failed requests during publishes", f"{run.failed} of {run.served + run.failed}", "0"
+    )
     table.add_row("publish to served, idle engine", f"{idle_publish * 1e3:.0f} ms", "<= 100 ms")
     table.add_row(
         "  first version, idle, no slots prepared (peft loads)", f"{idle_first * 1e3:.0f} ms", ""
     )
-    return table
-
-
-def throughput_table(args: argparse.Namespace) -> Table:
-    rows = throughput_rows(args)
-    baseline = {c: v for name, c, v in rows if name.startswith("transformers")}
-    table = Table(
-        title=f"smollm2-135m aggregate tokens/s ({args.tokens} tokens a request, "
-        f"{args.threads} threads)"
-    )
-    for column in ("engine", "concurrent", "tokens/s", "ratio"):
-        table.add_column(column, justify="left" if column == "engine" else "right")
-    for name, concurrency, value in rows:
-        base = baseline.get(concurrency)
-        if isinstance(value, str):
-            table.add_row(name, str(concurrency), value, "")
-            continue
-        ratio = f"{value / base:.2f}x" if isinstance(base, float) else ""
-        table.add_row(name, str(concurrency), f"{value:.1f}", ratio)
-        direct = next((v for n, c, v in rows if n == "vLLM direct" and c == concurrency), None)
-        if name == "vLLM via proxy" and isinstance(direct, float):
-            table.add_row(
-                "  via proxy / direct (target >= 0.95x)", "", "", f"{value / direct:.2f}x"
-            )
     return table
 
 
@@ -515,7 +392,7 @@ def main() -> None:
     if args.only != "throughput":
         console.print(proxy_table(args))
     if args.only != "proxy":
-        console.print(throughput_table(args))
+        console.print(throughput.throughput_table(args))
     console.print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -40,7 +40,7 @@ from agents import models
 from agents.config import PROJECTIONS
 from agents.engines.base import BASE, POLICY, Completion, Engine, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from benchmarks.perf.serving import aggregate, engine_one, prompts
+from benchmarks.perf.throughput import aggregate, engine_one, prompts
 
 logger = logging.getLogger(__name__)
 

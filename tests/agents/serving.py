@@ -1,5 +1,5 @@
 """A real proxy server for the tests: uvicorn on a free loopback port, in a thread of the
-test process (`agents.serve.in_thread`), talked to with the official `openai` client."""
+test process (`agents.serving.server.in_thread`), talked to with the official `openai` client."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 
 from agents.engines.base import Engine
-from agents.proxy import ProxyConfig
-from agents.serve import in_thread as running
+from agents.serving.proxy import ProxyConfig
+from agents.serving.server import in_thread as running
 from agents.store import Store
 
 __all__ = ["running", "served_client"]

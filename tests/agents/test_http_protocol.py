@@ -9,7 +9,7 @@ import asyncio
 import socket
 from typing import Any
 
-from agents.http_protocol import CoalescingTransport
+from agents.serving.http_protocol import CoalescingTransport
 
 
 async def _transport_pair() -> tuple[asyncio.Transport, socket.socket, list[bytes]]:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.chat_request import ChatRequest, validation_message
-from agents.openai_api import ContentStream
+from agents.serving.chat_request import ChatRequest, validation_message
+from agents.serving.openai_api import ContentStream
 from agents.toolcalls import parse_tool_calls
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>'

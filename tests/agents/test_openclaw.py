@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from agents.engines.vllm_server import free_port
-from agents.sessions import INTERNAL_CONTEXT
+from agents.serving.histories import INTERNAL_CONTEXT
 from agents.store import Store
 from agents.trajectory import TurnType
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from agents.engines.embedded import EmbeddedEngine
-from agents.proxy import ProxyConfig
+from agents.serving.proxy import ProxyConfig
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnType
 from tests.agents.serving import running, served_client
@@ -419,7 +419,7 @@ def test_the_loop_leaves_wal_checkpoints_to_a_worker_thread(tiny_engine, tmp_pat
     must not, so the proxy switches it off for the loop and checkpoints on a thread."""
     import threading
 
-    from agents import proxy
+    from agents.serving import proxy
 
     monkeypatch.setattr(proxy, "CHECKPOINT_TURNS", 3)
     checkpoints: list[int] = []
@@ -433,7 +433,7 @@ def test_the_loop_leaves_wal_checkpoints_to_a_worker_thread(tiny_engine, tmp_pat
         for _ in range(7):
             create(client)
     assert len(checkpoints) == 2  # after turns 3 and 6
-    loop_thread = served._checkpoints._loop_thread
+    loop_thread = served.checkpoints._loop_thread
     assert loop_thread is not None and loop_thread not in checkpoints
     assert store.count_turns() == 7
     store.close()
@@ -445,14 +445,14 @@ def test_checkpoints_keep_the_log_bounded_while_writes_never_stop(tmp_path, monk
     checkpoints left a 35 MB log after 2000 turns.)"""
     import asyncio
 
-    from agents import proxy
+    from agents.serving import proxy
     from agents.trajectory import Session
     from tests.agents.test_trajectory import make_turn
 
     monkeypatch.setattr(proxy, "CHECKPOINT_TURNS", 32)
     store = Store(tmp_path / "store.sqlite")
     store.add_session(Session("s", "live"))
-    checkpoints = proxy._Checkpoints(store)
+    checkpoints = proxy.Checkpoints(store)
     ran: list[int] = []
     original = store.checkpoint
     monkeypatch.setattr(store, "checkpoint", lambda: (ran.append(1), original())[1])
@@ -508,12 +508,12 @@ def test_the_served_models_name_is_listed_and_answers(tiny_engine, tmp_path):
 
 @pytest.mark.parametrize("server_future", [True, False])
 def test_a_client_leaving_cancels_the_calls_with_or_without_the_servers_future(server_future):
-    """`_all` learns of the client leaving from `agents.http_protocol`'s future, or, under
+    """`_all` learns of the client leaving from `agents.serving.http_protocol`'s future, or, under
     another ASGI server, from `receive()`."""
     from starlette.requests import ClientDisconnect
 
-    from agents.http_protocol import CONNECTION_LOST
-    from agents.proxy import _all
+    from agents.serving.chat_turn import _all
+    from agents.serving.http_protocol import CONNECTION_LOST
 
     async def scenario():
         loop = asyncio.get_running_loop()

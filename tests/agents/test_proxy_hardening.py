@@ -19,8 +19,8 @@ import pytest
 from agents.compose import proxy_config
 from agents.config import ServeSection
 from agents.engines.embedded import EmbeddedEngine
-from agents.proxy import Proxy, ProxyConfig
-from agents.sessions import owned_by, owner_tag
+from agents.serving.identity import owned_by, owner_tag
+from agents.serving.proxy import Proxy, ProxyConfig
 from agents.store import Store
 from agents.trajectory import SessionStatus
 from tests.agents.serving import running

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from agents.engines.embedded import EmbeddedEngine
-from agents.proxy import ProxyConfig
+from agents.serving.proxy import ProxyConfig
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnType
 from tests.agents.engines.conftest import save_random_adapter

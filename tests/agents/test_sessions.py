@@ -6,15 +6,9 @@ from __future__ import annotations
 import pytest
 
 from agents.engines.base import Completion
-from agents.sessions import (
-    SessionEnded,
-    SessionInfo,
-    SessionRefused,
-    SessionTracker,
-    identify,
-    is_transient,
-    next_state,
-)
+from agents.serving.histories import is_transient, next_state
+from agents.serving.identity import SessionEnded, SessionInfo, SessionRefused, identify
+from agents.serving.sessions import SessionTracker
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnType
 
@@ -222,7 +216,7 @@ def test_a_restarted_tracker_links_the_open_turn_from_the_store(store):
 
 
 def test_a_session_keeps_at_most_its_newest_open_turns(store, monkeypatch):
-    monkeypatch.setattr("agents.sessions.MAX_OPEN_ENDS", 3)
+    monkeypatch.setattr("agents.serving.sessions.MAX_OPEN_ENDS", 3)
     tracker, info = SessionTracker(store), SessionInfo("s", MAIN, False)
     for number in range(5):
         serve(tracker, info, [user(f"unrelated {number}")], f"a{number}")

@@ -121,7 +121,7 @@ def in_thread(
     """Serves the Tinker API on `engine` from a thread of this process until the block ends
     (tests, notebooks, a trainer beside its own server); port 0 takes a free one. Yields the
     base URL clients take as TINKER_BASE_URL."""
-    from agents.serve import uvicorn_in_thread
+    from agents.serving.server import uvicorn_in_thread
 
     app = build_app(engine, api_key)
     try:

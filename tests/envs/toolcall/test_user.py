@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 from fastapi import FastAPI
 
-from agents.serve import uvicorn_in_thread
+from agents.serving.server import uvicorn_in_thread
 from envs.core import ERROR_PREFIX
 from envs.registry import register_all
 from envs.toolcall.env import ToolCallEnv

@@ -1,6 +1,6 @@
 """OpenAI's chat-completions wire format, as the proxy speaks it: errors (`ApiError`, sent
 as a 4xx with OpenAI's error body), responses and stream chunks. Requests are validated in
-`agents.chat_request`.
+`agents.serving.chat_request`.
 
 Responses and stream chunks are built from the engine's `Completion`s. Beyond OpenAI's
 fields, `return_token_ids: true` adds vLLM's `prompt_token_ids` and per-choice
@@ -19,8 +19,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agents.chat_request import ChatRequest
 from agents.engines.base import Completion
+from agents.serving.chat_request import ChatRequest
 
 TOOL_CALL_OPEN = "<tool_call>"
 

@@ -13,7 +13,7 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
   environment's reward of each, `status` is `done` (default), `truncated` or `failed`, and
   `reason` says why it ended (kept in the session's metadata as `end_reason`).
 
-Both are admin routes: they need the proxy's admin key and a JSON body (`agents.proxy`).
+Both are admin routes: they need the proxy's admin key and a JSON body (`agents.serving.proxy`).
 `agents.rollout.ProxySeat` is the client side.
 """
 
@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 
-from agents import openai_api as api
-from agents.sessions import SessionEnded, SessionRefused, checked_id
+from agents.serving import openai_api as api
+from agents.serving.identity import SessionEnded, SessionRefused, checked_id
+from agents.serving.proxy import Proxy
 from agents.trajectory import Session, SessionStatus
-
-if TYPE_CHECKING:
-    from agents.proxy import Proxy
 
 ENDED = (SessionStatus.DONE, SessionStatus.TRUNCATED, SessionStatus.FAILED)
 """The statuses an episode's client may end its session with."""
@@ -49,7 +47,7 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
     async def open_session(request: Request) -> dict[str, Any]:
         proxy.check_admin(request.headers)
         session = _session(api.json_object(await request.body()))
-        await proxy._checkpoints.writable()
+        await proxy.checkpoints.writable()
         try:
             proxy.sessions.open(session)
         except SessionRefused as error:
@@ -62,7 +60,7 @@ def add_episode_routes(routes: FastAPI, proxy: Proxy) -> None:
         body = api.json_object(await request.body())
         messages, rewards = _messages(body), _rewards(body)
         outcome, status, reason = _outcome(body), _status(body), _reason(body)
-        await proxy._checkpoints.writable()
+        await proxy.checkpoints.writable()
         try:
             proxy.sessions.end(checked(session_id), messages, rewards, outcome, status, reason)
         except KeyError as error:

@@ -1,12 +1,6 @@
-"""Sessions as the proxy sees them: who is talking, which turn this is, what came next.
-
-`identify` reads a request's session identity. Headers first (`X-Session-Id`,
-`X-Turn-Type`, `X-Session-Done`), then OpenClaw's own session headers (`session_id`,
-`x-session-affinity`, both `<id>:0`), then body fields of the same names (`session_id`,
-`turn_type`, `session_done`), which are removed from the body before anything else sees
-it. A session id is 1-256 printable ASCII characters (it goes back in a response header).
-No turn type: the configured default (`main`), so a client that sends no headers still
-trains, unlike OpenClaw-RL's proxy.
+"""Sessions as the proxy records them: which turn this is, and what came next. A request's
+session identity is read by `agents.serving.identity`; whether a history continues a reply
+is decided by `agents.serving.histories`.
 
 No session id: the proxy mints one, and returns it in the `X-Session-Id` response header,
 unless the request continues a conversation the proxy served without an id: a request
@@ -34,12 +28,8 @@ proxy holds only its active sessions. A session the client closed with `X-Sessio
 final: a later request naming it is refused (`SessionEnded`). State is rebuilt from the
 store for a session not in memory (a restarted proxy, a user back after a pause).
 
-Only the client that opened a session may close it: a session belongs to the credential
-(the `Authorization` header) of the request that opened it, kept in its metadata as a
-salted hash (`OWNER`), so that it outlives the in-memory state; `X-Session-Done` from any
-other credential is refused (`SessionNotOwned`). Clients that share a key are one client
-to the proxy, and so are clients that send none. A session an episode's client opened
-(`SessionTracker.open`, the proxy's admin route) has no owner: its admin route ends it.
+Only the client that opened a session may close it (`agents.serving.identity` says how a
+session keeps its owner).
 
 Side turns (memory flushes, heartbeats, and every request to the base model) are recorded
 as `side` turns without a next state: served and kept for analysis, never trained.
@@ -47,243 +37,39 @@ as `side` turns without a next state: served and kept for analysis, never traine
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import secrets
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.engines.base import Completion
+from agents.serving.histories import OpenEnd, continued, conversation_key, is_transient
+from agents.serving.identity import (
+    OWNER,
+    SessionEnded,
+    SessionInfo,
+    SessionNotOwned,
+    SessionRefused,
+    owned_by,
+    owner_tag,
+)
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, Turn, TurnType
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
-MAX_SESSION_ID = 256
 MAX_OPEN_ENDS = 64
 """Most turns of one session waiting for a next state; older ones are ended empty."""
-SEARCHED_ENDS = 8
-"""Open ends whose reply is looked for anywhere in a new history, not only where expected."""
-_TRUE = {"1", "true", "yes", "on"}
-OWNER = "owner"
-"""The session metadata key of its owner's credential, salted and hashed (`owner_tag`)."""
-
-
-class SessionRefused(ValueError):
-    """A request whose session fields are invalid (`param` names the offending one)."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
-
-
-class SessionEnded(Exception):
-    """A request names a session its client already closed with `X-Session-Done`."""
-
-
-class SessionNotOwned(Exception):
-    """A request would close a session another client opened."""
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """A request's place in a conversation."""
-
-    session_id: str
-    turn_type: TurnType
-    done: bool
-    """The client closes the session with this request."""
-    named: bool = True
-    """The client named the session; False: the proxy minted the id."""
-    credential: str = field(default="", repr=False)
-    """The request's `Authorization` header: who is asking (`owner_tag`)."""
-
-
-def identify(
-    headers: Mapping[str, str], body: MutableMapping[str, Any], default: TurnType
-) -> SessionInfo:
-    """The session of a request; pops the body fallbacks so the engine never sees them.
-
-    Raises:
-        SessionRefused: a session id or turn type the proxy cannot take.
-    """
-    fields = {name: body.pop(name, None) for name in ("session_id", "turn_type", "session_done")}
-    session_id = (
-        headers.get("x-session-id")
-        or _affinity(headers.get("session_id") or headers.get("x-session-affinity"))
-        or fields["session_id"]
-    )
-    kind = headers.get("x-turn-type") or fields["turn_type"] or default
-    done = headers.get("x-session-done") or fields["session_done"]
-    if str(kind).lower() not in ("main", "side"):
-        raise SessionRefused(f"turn type must be 'main' or 'side', got {kind!r}", "X-Turn-Type")
-    return SessionInfo(
-        session_id=checked_id(session_id) if session_id else uuid.uuid4().hex,
-        turn_type=TurnType(str(kind).lower()),
-        done=str(done).lower() in _TRUE if done is not None else False,
-        named=bool(session_id),
-        credential=headers.get("authorization", ""),
-    )
-
-
-def owner_tag(credential: str, salt: bytes | None = None) -> str:
-    """`salt:sha256(salt + credential)`, hex: what a session keeps of its owner. Salted, so
-    the store never holds a key, nor a hash that a table of common keys would undo."""
-    salt = os.urandom(8) if salt is None else salt
-    return f"{salt.hex()}:{hashlib.sha256(salt + credential.encode()).hexdigest()}"
-
-
-def owned_by(tag: str | None, credential: str) -> bool:
-    """Whether `credential` is the one `tag` was made of (never, for no tag)."""
-    if not tag:
-        return False
-    salt, _, _ = tag.partition(":")
-    return secrets.compare_digest(owner_tag(credential, bytes.fromhex(salt)), tag)
-
-
-def checked_id(value: Any) -> str:
-    """A session id as given, if it can go back in a response header and into logs."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise SessionRefused(f"a session id is a string, got {value!r}", "X-Session-Id")
-    text = str(value)
-    if len(text) > MAX_SESSION_ID or not (text.isascii() and text.isprintable()):
-        raise SessionRefused(
-            f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters, got "
-            f"{text[:40]!r}{'...' if len(text) > 40 else ''}",
-            "X-Session-Id",
-        )
-    return text
-
-
-def _affinity(value: str | None) -> str | None:
-    """OpenClaw's `<sessionId>:0` to the session id."""
-    if not value:
-        return None
-    head, sep, tail = value.rpartition(":")
-    return head if sep and tail.isdigit() and head else value
-
-
-def is_transient(message: Mapping[str, Any]) -> bool:
-    """OpenClaw's per-request internal-context message, which no history keeps."""
-    return message.get("role") == "user" and _text(message.get("content")).lstrip().startswith(
-        INTERNAL_CONTEXT
-    )
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return "" if content is None else str(content)
-
-
-def _same_reply(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two assistant messages say the same (clients may re-shape them)."""
-    return (
-        a.get("role") == "assistant"
-        and _text(a.get("content")).strip() == _text(b.get("content")).strip()
-        and _calls(a) == _calls(b)
-    )
-
-
-def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", call)
-        arguments = function.get("arguments")
-        try:
-            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            pass
-        calls.append((function.get("name"), arguments))
-    return calls
-
-
-def next_state(
-    messages: Sequence[Mapping[str, Any]], prompt_length: int, reply: Mapping[str, Any]
-) -> list[Mapping[str, Any]] | None:
-    """What a new history adds after a previous reply; None when it does not continue it.
-
-    Args:
-        messages: the new request's messages, transient ones removed.
-        prompt_length: how many (non-transient) messages the reply's request had: where the
-            reply is expected in the new history. Elsewhere is accepted too (a client that
-            compacted its history), the last place it is found.
-        reply: the previous turn's reply.
-    """
-    expected = prompt_length < len(messages) and _same_reply(messages[prompt_length], reply)
-    if expected:
-        position = prompt_length
-    else:
-        found = [i for i, m in enumerate(messages) if _same_reply(m, reply)]
-        if not found:
-            return None
-        position = found[-1]
-    added = list(messages[position + 1 :])
-    return added or None
-
-
-def _continued(
-    ends: Sequence[_OpenEnd], kept: Sequence[Mapping[str, Any]]
-) -> tuple[_OpenEnd, list[Mapping[str, Any]]] | None:
-    """The newest open end a history continues, with what it adds after that end's reply.
-
-    First where each reply is expected (a look at one message an end), then anywhere in
-    the history for the newest `SEARCHED_ENDS` (a compacted history): a request costs
-    O(ends + messages), and nothing for one with no assistant message at all.
-    """
-    if not any(m.get("role") == "assistant" for m in kept):
-        return None
-    for end in reversed(ends):
-        at = len(end.prompt)
-        if at + 1 < len(kept) and _same_reply(kept[at], end.reply):
-            return end, list(kept[at + 1 :])
-    for end in ends[: -SEARCHED_ENDS - 1 : -1]:
-        if (added := next_state(kept, len(end.prompt), end.reply)) is not None:
-            return end, added
-    return None
-
-
-def conversation_key(messages: Sequence[Mapping[str, Any]]) -> int:
-    """A fingerprint of a conversation's text (role, content, tool calls of each message),
-    the same for the re-shapings `_same_reply` accepts."""
-    return hash(
-        tuple(
-            (
-                str(m.get("role")),
-                _text(m.get("content")).strip(),
-                json.dumps(_calls(m), sort_keys=True, default=str),
-                str(m.get("tool_call_id") or ""),
-            )
-            for m in messages
-        )
-    )
-
-
-@dataclass(frozen=True)
-class _OpenEnd:
-    """A main turn still waiting for what the conversation says after it."""
-
-    index: int
-    prompt: tuple[Mapping[str, Any], ...]
-    """Its request's messages, transient ones removed."""
-    reply: Mapping[str, Any]
-    key: int | None = None
-    """`conversation_key` of prompt + reply, for a session whose id the proxy minted."""
 
 
 @dataclass
 class _State:
     next_index: int = 0
     named: bool = True
-    open_ends: list[_OpenEnd] = field(default_factory=list)
+    open_ends: list[OpenEnd] = field(default_factory=list)
     seen: float = field(default_factory=time.monotonic)
     owner: str | None = None
     """`owner_tag` of the client that opened the session; None: its admin route ends it."""
@@ -351,7 +137,7 @@ class SessionTracker:
     ) -> list[tuple[int, list[Mapping[str, Any]]]]:
         """The next states a main request gives (under the lock): its open end's, and empty
         ones for that end's siblings."""
-        found = _continued(state.open_ends, kept)
+        found = continued(state.open_ends, kept)
         if found is None:
             return []
         end, added = found
@@ -434,7 +220,7 @@ class SessionTracker:
         if info.turn_type is TurnType.MAIN:
             prompt = tuple(m for m in messages if not is_transient(m))
             ends = [
-                _OpenEnd(
+                OpenEnd(
                     first + offset,
                     prompt,
                     reply,
@@ -479,7 +265,7 @@ class SessionTracker:
             self.store.end_turns(ended)
         return len(ended)
 
-    def _forget_keys(self, session_id: str, ends: Sequence[_OpenEnd]) -> None:
+    def _forget_keys(self, session_id: str, ends: Sequence[OpenEnd]) -> None:
         """Drops ended open ends from the index of minted-id sessions (under the lock)."""
         for end in ends:
             waiting = self._unnamed.get(end.key) if end.key is not None else None
@@ -513,7 +299,7 @@ class SessionTracker:
             owner=session.metadata.get(OWNER),
         )
         state.open_ends = [
-            _OpenEnd(
+            OpenEnd(
                 t.index, tuple(m for m in t.prompt_messages if not is_transient(m)), t.completion
             )
             for t in session.turns

@@ -5,7 +5,7 @@ the proxy sends as a 400 with OpenAI's error body, its `param` naming the field 
 does (`messages[1].tool_call_id`, `validation_message`). Types are strict where OpenAI's are:
 no "0.5" for a number nor `true` for an integer (an integer is a number). Unknown fields
 are accepted and ignored: clients send vendor fields, and the proxy's own session fields
-ride in the body (`agents.sessions.identify`).
+ride in the body (`agents.serving.identity.identify`).
 
 What this server does not do is refused, not ignored: content parts other than text
 (images, audio, files: the chat template would drop them, unseen by the model),
