@@ -54,7 +54,8 @@ from agents.compose import build_engine, cuda_available, env_factory
 from agents.config import EngineConfig, EnvConfig, ModelConfig
 from agents.engines.base import SamplingParams
 from agents.engines.replicas import ReplicaSet
-from agents.engines.vllm import VLLMEngine, own_cpus
+from agents.engines.vllm import VLLMEngine
+from agents.engines.vllm_command import own_cpus
 from agents.engines.vllm_server import EngineDied
 from agents.rollout import EpisodeSummary, ProxySeat, Seat
 from agents.trajectory import SessionStatus

@@ -89,7 +89,7 @@ class EmbeddedEngine:
 
     @property
     def policy_version(self) -> int:
-        return self._scheduler.policy[1]
+        return self._scheduler.adapters.policy[1]
 
     def prefill_counts(self) -> tuple[int, int]:
         """(prompt tokens prefilled so far, those of them whose KV the prefix cache gave)."""
@@ -97,7 +97,7 @@ class EmbeddedEngine:
 
     @property
     def _peft(self) -> Any:
-        return self._scheduler.peft
+        return self._scheduler.adapters.peft
 
     def generate(
         self,
@@ -314,7 +314,7 @@ class EmbeddedEngine:
 
     def _score(self, ids: torch.Tensor, prompt_length: int, slot: str | None) -> list[float]:
         """Runs on the scheduler thread; `slot` None is the base model."""
-        model, extra = self._scheduler.lora_model([slot])
+        model, extra = self._scheduler.adapters.lora_model([slot])
         with torch.inference_mode():
             logits = model(input_ids=ids, **extra).logits
         return (
@@ -326,12 +326,12 @@ class EmbeddedEngine:
     def load_adapter(self, path: str, version: int) -> None:
         """Copies the adapter into a free slot and swaps atomically: running requests keep
         their version, later ones get this one (`agents.engines.batching`)."""
-        self._scheduler.load_adapter(path, version)
+        self._scheduler.adapters.load_adapter(path, version)
         logger.info("serving adapter %s as policy version %d", path, version)
 
     def prepare_adapter(self, path: str) -> None:
         """Makes the LoRA slots of the adapter's shape now, without serving it."""
-        self._scheduler.prepare_adapter(path)
+        self._scheduler.adapters.prepare_adapter(path)
 
     def close(self) -> None:
         self._scheduler.close()

@@ -20,7 +20,7 @@ other, a table each):
   baseline, every prompt prefilled whole; default: the config's default alone);
 - vllm: vLLM's OpenAI server from .venv-vllm (`agents.engines.vllm`; 20-70 s to start here,
   not counted), context 4096 tokens, with its prefix cache and continuous batching, and
-  whole prefills only (`agents.engines.vllm._whole_prefill_args` says why). Its OpenMP
+  whole prefills only (`agents.engines.vllm_command._whole_prefill_args` says why). Its OpenMP
   threads are bound to `--vllm-cpus`, by default the cores `python -m trainers.run` gives
   vLLM beside a CPU learner (`agents.compose.split_cpus`: the last half; core 1 of 2).
   The proxy, the rollout loop, the sandboxes and vLLM's API server and scheduler run on any
@@ -95,7 +95,8 @@ from agents.compose import build_engine, env_factory, serve_key, serve_policy, s
 from agents.config import PREFIX_CACHE_TOKENS, ServeSection
 from agents.engines.base import Engine
 from agents.engines.embedded import EmbeddedEngine
-from agents.engines.vllm import VLLMEngine, own_cpus
+from agents.engines.vllm import VLLMEngine
+from agents.engines.vllm_command import own_cpus
 from agents.engines.vllm_server import group_members
 from agents.rollout import ProxySeat
 from agents.store import Store
@@ -508,7 +509,7 @@ def run(args: argparse.Namespace, config: RunConfig) -> EngineRun:
 
 def make_engine(config: RunConfig, cpus: Sequence[int]) -> Engine:
     """The run's engine as `build_engine` makes it on a CPU (vLLM on `cpus`, prefilling
-    whole prompts: `agents.engines.vllm._whole_prefill_args` says why)."""
+    whole prompts: `agents.engines.vllm_command._whole_prefill_args` says why)."""
     return build_engine(config.engine, config.model, cpus=cpus)
 
 
