@@ -63,6 +63,7 @@ from agents.engines.base import (
     SamplingParams,
     TokenChunk,
     ToolSchema,
+    check_adapter,
 )
 from agents.engines.openai_http import (
     OpenAIHTTP,
@@ -374,10 +375,7 @@ class VLLMEngine(ThreadedAsync):
         if adapter is BASE:
             yield self.base_name, 0
             return
-        if adapter != POLICY:
-            raise ValueError(
-                f"unknown adapter {adapter!r}; the vLLM engine serves {POLICY!r} or None"
-            )
+        check_adapter(adapter, "vLLM engine")
         with self._lock:
             version = self._version
             if not version:  # nothing loaded yet: the base model serves the policy
