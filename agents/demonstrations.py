@@ -28,7 +28,8 @@ from typing import Any
 import gymnasium as gym
 
 from agents.engines.base import BASE, Completion, ContextExceeded, SamplingParams
-from agents.rollout import MAX_TURNS, TERMINATED, DirectSeat, EpisodeSummary, run_episode
+from agents.rollout import MAX_TURNS, TERMINATED, EpisodeSummary, run_episode
+from agents.seats import DirectSeat
 from agents.store import Store
 from agents.toolcalls import assistant_message
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnType

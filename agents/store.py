@@ -11,15 +11,22 @@ power cut at the cost of an fsync per commit.
 
 from __future__ import annotations
 
-import array
 import json
 import sqlite3
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.store_rows import (
+    export_features,
+    export_row,
+    pack_logprobs,
+    session_from_row,
+    to_json,
+    turn_from_row,
+    turn_values,
+)
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnStatus, TurnType
 
 SCHEMA_VERSION = 1
@@ -63,41 +70,6 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_by_status ON turns (status, seq);
 CREATE INDEX IF NOT EXISTS sessions_by_group ON sessions (group_id);
 """
-
-# Token ids as little-endian int32, log-probs as little-endian float64 (an exact round trip
-# of Python floats). The array module packs them: numpy cost twice as much on the proxy's
-# commit, where caches are cold after the engine's forward pass (measured).
-_IDS, _LOGPROBS = "i", "d"
-_LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def _pack(values: Sequence[float] | Sequence[int] | None, typecode: str) -> bytes | None:
-    if values is None:
-        return None
-    packed = array.array(typecode, values)
-    if not _LITTLE_ENDIAN:
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def _unpack(blob: bytes, typecode: str) -> tuple[Any, ...]:
-    values = array.array(typecode)
-    values.frombytes(blob)
-    if not _LITTLE_ENDIAN:
-        values.byteswap()
-    return tuple(values)
-
-
-def _unpack_ids(blob: bytes) -> tuple[int, ...]:
-    return _unpack(blob, _IDS)
-
-
-def _unpack_logprobs(blob: bytes | None) -> tuple[float, ...] | None:
-    return None if blob is None else _unpack(blob, _LOGPROBS)
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
 class Store:
@@ -251,7 +223,7 @@ class Store:
         turns = self._db().execute(
             "SELECT * FROM turns WHERE session_id=? ORDER BY idx", (session_id,)
         )
-        return _session_from_row(row, tuple(_turn_from_row(t) for t in turns))
+        return session_from_row(row, tuple(turn_from_row(t) for t in turns))
 
     def sessions(
         self, status: SessionStatus | None = None, session_ids: Iterable[str] | None = None
@@ -267,13 +239,13 @@ class Store:
             args.extend(ids)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._db().execute(f"SELECT * FROM sessions{where} ORDER BY created_at", args)
-        return [_session_from_row(r, ()) for r in rows]
+        return [session_from_row(r, ()) for r in rows]
 
     def group_sessions(self, group_ids: Iterable[str]) -> list[Session]:
         """Every session of the given groups (without turns)."""
         ids = list(group_ids)
         query = f"SELECT * FROM sessions WHERE group_id IN ({', '.join('?' * len(ids))})"
-        return [_session_from_row(r, ()) for r in self._db().execute(query, ids)] if ids else []
+        return [session_from_row(r, ()) for r in self._db().execute(query, ids)] if ids else []
 
     # -- turns ---------------------------------------------------------------------------
     def add_turn(self, turn: Turn) -> int:
@@ -287,7 +259,7 @@ class Store:
             "next_state, "
             "env_reward, votes, score, hint, teacher_logprobs, status, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            _turn_values(turn),
+            turn_values(turn),
         )
         return int(cursor.lastrowid or 0)
 
@@ -304,7 +276,7 @@ class Store:
             session_id,
             index,
             "next_state=?, env_reward=COALESCE(?, env_reward)",
-            (_json(list(next_state)), env_reward),
+            (to_json(list(next_state)), env_reward),
         )
 
     def set_env_rewards(self, session_id: str, rewards: Mapping[int, float]) -> None:
@@ -332,10 +304,10 @@ class Store:
             index,
             "votes=?, score=?, hint=?, teacher_logprobs=?, status=?",
             (
-                _json(list(judgement.votes)),
+                to_json(list(judgement.votes)),
                 judgement.score,
                 judgement.hint,
-                _pack(judgement.teacher_logprobs, _LOGPROBS),
+                pack_logprobs(judgement.teacher_logprobs),
                 str(TurnStatus.JUDGED),
             ),
         )
@@ -384,7 +356,7 @@ class Store:
         query = f"SELECT * FROM turns WHERE {' AND '.join(clauses)} ORDER BY seq"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return [(int(r["seq"]), _turn_from_row(r)) for r in self._db().execute(query, args)]
+        return [(int(r["seq"]), turn_from_row(r)) for r in self._db().execute(query, args)]
 
     def count_turns(
         self, status: TurnStatus | None = None, turn_type: TurnType | None = None
@@ -409,37 +381,7 @@ class Store:
         if status is not None:
             query, args = query + " WHERE t.status=?", (str(status),)
         for row in self._db().execute(query + " ORDER BY t.seq", args):
-            turn = _turn_from_row(row)
-            judgement = turn.judgement or Judgement()
-            yield {
-                "seq": int(row["seq"]),
-                "session_id": turn.session_id,
-                "env_id": row["env_id"],
-                "task_id": row["task_id"],
-                "group_id": row["group_id"],
-                "outcome_reward": row["outcome_reward"],
-                "index": turn.index,
-                "turn_type": str(turn.turn_type),
-                "prompt_messages": json.dumps(list(turn.prompt_messages)),
-                "prompt_token_ids": list(turn.prompt_token_ids),
-                "completion_token_ids": list(turn.completion_token_ids),
-                "completion_logprobs": list(turn.completion_logprobs),
-                "completion": json.dumps(turn.completion),
-                "policy_version": turn.policy_version,
-                "tools": json.dumps(list(turn.tools)),
-                "next_state": None
-                if turn.next_state is None
-                else json.dumps(list(turn.next_state)),
-                "env_reward": turn.env_reward,
-                "votes": list(judgement.votes),
-                "score": judgement.score if turn.judgement else None,
-                "hint": judgement.hint,
-                "teacher_logprobs": None
-                if judgement.teacher_logprobs is None
-                else list(judgement.teacher_logprobs),
-                "status": str(turn.status),
-                "created_at": turn.created_at,
-            }
+            yield export_row(row)
 
     def export_parquet(self, path: str | Path, status: TurnStatus | None = None) -> Path:
         """Writes the turns as a Hugging Face `datasets` parquet file; returns its path."""
@@ -450,7 +392,7 @@ class Store:
             raise ValueError(f"no turns to export from {self.path}")
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        datasets.Dataset.from_list(rows, features=_export_features()).to_parquet(str(target))
+        datasets.Dataset.from_list(rows, features=export_features()).to_parquet(str(target))
         return target
 
 
@@ -467,103 +409,3 @@ class _Transaction:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
-def _turn_values(turn: Turn) -> tuple[Any, ...]:
-    judgement = turn.judgement
-    return (
-        turn.session_id,
-        turn.index,
-        str(turn.turn_type),
-        json.dumps(list(turn.prompt_messages)),
-        _pack(turn.prompt_token_ids, _IDS),
-        _pack(turn.completion_token_ids, _IDS),
-        _pack(turn.completion_logprobs, _LOGPROBS),
-        json.dumps(turn.completion),
-        turn.policy_version,
-        json.dumps(list(turn.tools)),
-        _json(None if turn.next_state is None else list(turn.next_state)),
-        turn.env_reward,
-        _json(None if judgement is None else list(judgement.votes)),
-        None if judgement is None else judgement.score,
-        None if judgement is None else judgement.hint,
-        None if judgement is None else _pack(judgement.teacher_logprobs, _LOGPROBS),
-        str(turn.status),
-        turn.created_at,
-    )
-
-
-def _turn_from_row(row: sqlite3.Row) -> Turn:
-    judgement = None
-    if row["votes"] is not None:
-        judgement = Judgement(
-            votes=tuple(json.loads(row["votes"])),
-            score=float(row["score"]),
-            hint=row["hint"],
-            teacher_logprobs=_unpack_logprobs(row["teacher_logprobs"]),
-        )
-    next_state = row["next_state"]
-    return Turn(
-        session_id=row["session_id"],
-        index=int(row["idx"]),
-        turn_type=TurnType(row["turn_type"]),
-        prompt_messages=tuple(json.loads(row["prompt_messages"])),
-        prompt_token_ids=_unpack_ids(row["prompt_token_ids"]),
-        completion_token_ids=_unpack_ids(row["completion_token_ids"]),
-        completion_logprobs=_unpack_logprobs(row["completion_logprobs"]) or (),
-        completion=json.loads(row["completion"]),
-        policy_version=int(row["policy_version"]),
-        tools=tuple(json.loads(row["tools"])),
-        next_state=None if next_state is None else tuple(json.loads(next_state)),
-        env_reward=row["env_reward"],
-        judgement=judgement,
-        status=TurnStatus(row["status"]),
-        created_at=float(row["created_at"]),
-    )
-
-
-def _session_from_row(row: sqlite3.Row, turns: tuple[Turn, ...]) -> Session:
-    return Session(
-        session_id=row["session_id"],
-        env_id=row["env_id"],
-        task_id=row["task_id"],
-        group_id=row["group_id"],
-        turns=turns,
-        outcome_reward=row["outcome_reward"],
-        status=SessionStatus(row["status"]),
-        created_at=float(row["created_at"]),
-        metadata=json.loads(row["metadata"]),
-    )
-
-
-def _export_features() -> Any:
-    import datasets
-
-    value, seq = datasets.Value, datasets.List
-    return datasets.Features(
-        {
-            "seq": value("int64"),
-            "session_id": value("string"),
-            "env_id": value("string"),
-            "task_id": value("string"),
-            "group_id": value("string"),
-            "outcome_reward": value("float64"),
-            "index": value("int32"),
-            "turn_type": value("string"),
-            "prompt_messages": value("string"),
-            "prompt_token_ids": seq(value("int32")),
-            "completion_token_ids": seq(value("int32")),
-            "completion_logprobs": seq(value("float64")),
-            "completion": value("string"),
-            "policy_version": value("int32"),
-            "tools": value("string"),
-            "next_state": value("string"),
-            "env_reward": value("float64"),
-            "votes": seq(value("int8")),
-            "score": value("float64"),
-            "hint": value("string"),
-            "teacher_logprobs": seq(value("float64")),
-            "status": value("string"),
-            "created_at": value("float64"),
-        }
-    )

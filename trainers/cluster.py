@@ -7,7 +7,7 @@ pool of env instances, play the run's episodes against the proxy's URL; and, wit
         serve.host=0.0.0.0 serve.api_key=KEY cluster.proxy_host=10.0.0.5 env=[terminal,swe]
 
 A worker reaches the policy exactly as a live client does: over HTTP with the official
-`openai` client and the session headers (`agents.rollout.ProxySeat`), so the proxy stays the
+`openai` client and the session headers (`agents.seats.ProxySeat`), so the proxy stays the
 one writer of turns and the store, the learner and resume are the same as in process. Each
 worker records itself in its sessions' metadata (`worker_node`, `worker_pid`).
 
@@ -54,9 +54,11 @@ from agents.compose import build_engine, cuda_available, env_factory
 from agents.config import EngineConfig, EnvConfig, ModelConfig
 from agents.engines.base import SamplingParams
 from agents.engines.replicas import ReplicaSet
-from agents.engines.vllm import VLLMEngine, own_cpus
+from agents.engines.vllm import VLLMEngine
+from agents.engines.vllm_command import own_cpus
 from agents.engines.vllm_server import EngineDied
-from agents.rollout import EpisodeSummary, ProxySeat, Seat
+from agents.rollout import EpisodeSummary, Seat
+from agents.seats import ProxySeat
 from agents.trajectory import SessionStatus
 from trainers.config import ClusterConfig
 from trainers.rollouts import EnvPool, EnvSlot, play_episode

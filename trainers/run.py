@@ -39,8 +39,8 @@ from agents.compose import build_engine, env_factory, serve_key, serve_policy, s
 from agents.config import EnvConfig, ServeSection
 from agents.demonstrations import DEMONSTRATION
 from agents.engines.base import Engine
-from agents.engines.vllm import own_cpus
-from agents.rollout import ProxySeat
+from agents.engines.vllm_command import own_cpus
+from agents.seats import ProxySeat
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from trainers.config import RunConfig, register_configs, validate

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from agents.engines.base import (
     POLICY,
     Completion,
+    Engine,
     Message,
     SamplingParams,
     TokenChunk,
@@ -80,30 +81,12 @@ class LoopSink:
         return items
 
 
-class ThreadedAsync:
+class ThreadedAsync(Engine):
     """`agenerate` and `astream` for an engine whose `generate` and `stream` block (HTTP to
     an upstream server): they run on threads of the engine's own pool, as many as there
     are requests in flight. `close` must call `_close_threads`."""
 
     _threads: ThreadPoolExecutor | None = None
-
-    def generate(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Completion:
-        raise NotImplementedError
-
-    def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Iterator[TokenChunk | Completion]:
-        raise NotImplementedError
 
     async def agenerate(
         self,
@@ -170,6 +153,23 @@ async def threaded_stream(
                 yield item
     finally:
         stop = True
+
+
+class WholeReplies(ThreadedAsync):
+    """For an engine that gets each reply whole (a Tinker service, a scripted agent):
+    `stream` yields its tokens as one chunk, then the completion."""
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        sampling: SamplingParams | None = None,
+        adapter: str | None = POLICY,
+    ) -> Iterator[TokenChunk | Completion]:
+        completion = self.generate(messages, tools, sampling, adapter)
+        body = completion.message.get("content") or ""
+        yield TokenChunk(completion.completion_token_ids, completion.completion_logprobs, body)
+        yield completion
 
 
 class _Failed:

@@ -26,6 +26,24 @@ class ContextExceeded(ValueError):
     OpenAI's error code `context_length_exceeded`."""
 
 
+def check_adapter(adapter: str | None, engine: str) -> None:
+    """Refuses an `adapter` other than `POLICY` and `BASE` (an engine that serves one policy)."""
+    if adapter not in (BASE, POLICY):
+        raise ValueError(f"unknown adapter {adapter!r}; the {engine} serves {POLICY!r} or None")
+
+
+def completion_room(prompt_length: int, context_length: int) -> int:
+    """How many tokens a completion may take after a prompt of `prompt_length` tokens;
+    `ContextExceeded` if not even one."""
+    room = context_length - prompt_length
+    if room < 1:
+        raise ContextExceeded(
+            f"the prompt has {prompt_length} tokens; the model's context is "
+            f"{context_length}: shorten the conversation"
+        )
+    return room
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion."""

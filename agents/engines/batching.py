@@ -25,8 +25,8 @@ one's, and entries of versions no request can bind any more are dropped at the n
 
 Adapters: peft's mixed-batch LoRA (`adapter_names=`, one per row, `"__base__"` for the
 adapter switched off) lets base and policy rows, and rows of an older and a newer policy
-version, share a forward pass. Adapters live in preallocated slots (`agents.engines.
-lora_slots`): a request binds the slot and version current when it is submitted and keeps
+version, share a forward pass. Adapters live in preallocated slots (`agents.engines.lora_slots.
+AdapterTable`): a request binds the slot and version current when it is submitted and keeps
 them to its end (a count of users per slot). Publishing reads the new adapter on the
 caller's thread, copies it into a slot no request uses and flips the policy to it, without
 waiting for the scheduler thread: a swap fails no request and never pauses decoding. Only
@@ -34,7 +34,8 @@ an adapter of a new shape (the first one, or a new rank) is loaded by peft, betw
 steps, which also makes the spare slots of its shape: that one publish is slower, unless
 `prepare_adapter` made the slots of its shape beforehand (the trainer does). A forward
 pass whose rows all run on the base model switches peft's LoRA layers off and skips peft
-(`lora_model`), so slots cost nothing until a row uses one.
+(`AdapterTable.lora_model`), so slots cost nothing until a row uses one. Each row's next
+token is drawn with its own temperature, top-p and generator (`agents.engines.sampling`).
 
 All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
 reach it through a queue per request and futures for one-off jobs.
@@ -46,12 +47,9 @@ a time, to spare all but the culprit); a decode step that raises fails the rows 
 
 from __future__ import annotations
 
-import collections
-import functools
 import logging
-import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -62,18 +60,15 @@ from transformers.cache_utils import Cache
 
 from agents.engines.base import SamplingParams
 from agents.engines.kv_layout import concat_rows, row_kv, select_rows, with_prefixes
-from agents.engines.lora_slots import AdapterFiles, Slot, read_adapter
+from agents.engines.lora_slots import AdapterTable, drop_row_hooks
 from agents.engines.prefix_cache import Key, PrefixCache
+from agents.engines.sampling import pick_tokens
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 END = object()
 """Put on a request's queue after its last token."""
-_NO_ADAPTER = "__base__"  # peft's row name for "adapter switched off"
-SPARE_SLOTS = 2
-"""Slots kept beside the policy's: one for the next version while requests still run on
-the previous one."""
 
 
 class EventSink(Protocol):
@@ -156,17 +151,8 @@ class Scheduler:
         """Prompt tokens of every request prefilled so far."""
         self.cached_tokens = 0
         """Of those, the tokens whose KV the prefix cache gave (never computed again)."""
-        self.peft: Any = None
-        self._lora_on: bool | None = None
-        """Whether peft's LoRA layers are switched on; None: unknown (after peft changed
-        its modules)."""
-        self.policy: tuple[str | None, int] = (None, 0)
-        """(slot, version) new policy requests bind; written under `_cond`."""
-        self._slots: dict[str, Slot] = {}
-        self._users: collections.Counter[str] = collections.Counter()
-        """Requests (and scores) bound to each slot; a slot with users is never written."""
-        self._publishing = threading.Lock()
         self._cond = threading.Condition()
+        self.adapters = AdapterTable(model, self._cond, self.call)
         self._waiting: list[Request] = []
         self._jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._batch: _Batch | None = None
@@ -188,7 +174,7 @@ class Scheduler:
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
         with self._cond:
             self._check_open()
-            adapter, version = self._bind() if use_policy else (None, 0)
+            adapter, version = self.adapters.bind() if use_policy else (None, 0)
             request = Request(
                 prompt_ids, sampling, max_new, stopped, adapter, version, events, generator
             )
@@ -196,22 +182,15 @@ class Scheduler:
             self._wake()
         return request
 
-    def _bind(self) -> tuple[str | None, int]:
-        """The policy's slot and version, counted as used until `_release` (under `_cond`)."""
-        slot, version = self.policy
-        if slot is not None:
-            self._users[slot] += 1
-        return slot, version
-
     def bind_policy(self) -> tuple[str | None, int]:
         """Binds the policy's slot for a one-off job (scoring); `release` it after."""
         with self._cond:
-            return self._bind()
+            return self.adapters.bind()
 
     def release(self, slot: str | None) -> None:
         if slot is not None:
             with self._cond:
-                self._users[slot] -= 1
+                self.adapters.unbind(slot)
 
     def _retire(self, requests: list[Request]) -> None:
         """Requests leaving the scheduler (finished, cancelled, failed) free their slots."""
@@ -219,8 +198,7 @@ class Scheduler:
             for request in requests:
                 if not request.retired:
                     request.retired = True
-                    if request.adapter is not None:
-                        self._users[request.adapter] -= 1
+                    self.adapters.unbind(request.adapter)
 
     def call(self, job: Callable[[], T]) -> T:
         """Runs `job` on the scheduler thread between two steps; returns its result."""
@@ -257,8 +235,7 @@ class Scheduler:
             while (work := self._next_work()) is not None:
                 jobs, admitted = work
                 self._run_jobs(jobs)
-                if len({s.shape for s in self._slots.values()}) > 1:
-                    self._drop_slots()
+                self.adapters.tidy()
                 if admitted:
                     self._admit(admitted)
                     self._run_jobs(self._take_jobs())  # a long prefill delays no job twice
@@ -374,7 +351,7 @@ class Scheduler:
         cache: Cache,
     ) -> tuple[torch.Tensor, Cache]:
         """Raw log-probs (log-softmax at temperature 1) of each row's next token."""
-        model, extra = self.lora_model([r.adapter for r in rows])
+        model, extra = self.adapters.lora_model([r.adapter for r in rows])
         try:
             out = model(
                 input_ids=ids,
@@ -387,13 +364,13 @@ class Scheduler:
             )
         except Exception:
             if "adapter_names" in extra:
-                _drop_row_hooks(model)
+                drop_row_hooks(model)
             raise
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.past_key_values
 
     def _live_keys(self) -> set[Key]:
         """Prefix-cache keys a request can still bind: the base model and the policy now."""
-        return {(None, 0), self.policy}
+        return {(None, 0), self.adapters.policy}
 
     def _remember(self, batch: _Batch, rows: Iterable[int]) -> None:
         """Offers the KV of these rows' tokens so far (prompt, then each token fed back) to
@@ -420,37 +397,6 @@ class Scheduler:
             lambda start: row_kv(batch.cache, row, columns[start:]),
         )
 
-    def lora_model(self, adapters: list[str | None]) -> tuple[Any, dict[str, Any]]:
-        """The model to call for rows on these adapters (None: the base model), and the
-        extra arguments it takes (scheduler thread only).
-
-        Rows that all run on the base model skip peft: its LoRA layers are switched off
-        until a row needs one (toggled only when that changes, a walk over the modules).
-        Otherwise every base request before the first policy version, or with slots
-        prepared early, would pay for peft's per-row path: +2 ms of CPU a one-token
-        request on `tiny`, measured.
-        """
-        if self.peft is None:
-            return self.model, {}
-        if all(a is None for a in adapters):
-            self._lora_layers(False)
-            return self.model, {}
-        self._lora_layers(True)
-        names = [a or _NO_ADAPTER for a in adapters]
-        if len(set(names)) == 1 and names[0] in self._slots:
-            self._activate(names[0])  # a uniform batch takes peft's plain path
-        if set(names) != {self.peft.active_adapter}:
-            return self.peft, {"adapter_names": names}  # mixed batch: a LoRA per row
-        return self.peft, {}
-
-    def _lora_layers(self, on: bool) -> None:
-        if self._lora_on is not on:
-            if on:
-                self.peft.base_model.enable_adapter_layers()
-            else:
-                self.peft.base_model.disable_adapter_layers()
-            self._lora_on = on
-
     def _sample(self, batch: _Batch, logprobs: torch.Tensor) -> list[bool]:
         """Picks each row's next token; returns which rows are finished."""
         rows = batch.rows
@@ -471,144 +417,12 @@ class Scheduler:
         batch.last = last
         return done
 
-    # -- adapters ------------------------------------------------------------------------
-    def load_adapter(self, path: str, version: int) -> None:
-        """Serves the LoRA adapter at `path` as policy version `version` (any thread).
-
-        The common case (a slot of its shape is free) copies it into that slot on this
-        thread and flips the policy: no wait for the scheduler thread. Otherwise peft loads
-        it into a new slot between two steps.
-        """
-        with self._publishing:
-            self._check_version(version)
-            adapter = read_adapter(path)
-            with self._cond:
-                spare = self._spare(adapter)
-            if spare is None:
-                self.call(lambda: self._load_slot(adapter, version))
-                return
-            spare.fill(adapter)  # no request is bound to it: none can see a half copy
-            with self._cond:
-                self._check_version(version)
-                self.policy = (spare.name, version)
-            logger.debug("adapter %s copied into %s as version %d", path, spare.name, version)
-
-    def prepare_adapter(self, path: str) -> None:
-        """Makes the slots of the adapter's shape now, while the engine may be idle, so the
-        first version of that shape is copied in like every later one (any thread)."""
-        adapter = read_adapter(path)
-        if adapter.shape is None:
-            logger.warning("adapter %s cannot be slotted; each version loads through peft", path)
-            return
-        with self._publishing:
-            with self._cond:
-                if self._spare(adapter) is not None:
-                    return
-            self.call(lambda: self._make_slots(adapter))
-
-    def _make_slots(self, adapter: AdapterFiles) -> None:
-        """A job: peft loads the adapter into a slot that is not the policy's, then spares."""
-        name = self._peft_load(adapter)
-        self._add_spares(adapter, name)
-
-    def _peft_load(self, adapter: AdapterFiles) -> str:
-        """peft loads the adapter into a new slot; returns the slot's name."""
-        from peft import PeftModel
-
-        name = self._new_slot_name()
-        if self.peft is None:
-            self.peft = PeftModel.from_pretrained(self.model, adapter.path, adapter_name=name)
-        else:
-            self.peft.load_adapter(adapter.path, adapter_name=name)
-        self.peft.eval()
-        self._lora_on = None  # new LoRA modules come switched on
-        with self._cond:
-            self._slots[name] = Slot.of(self.peft, name, adapter.shape)
-        return name
-
-    def _check_version(self, version: int) -> None:
-        if version <= self.policy[1]:
-            raise ValueError(f"adapter versions must increase: serving {self.policy[1]}")
-
-    def _spare(self, adapter: AdapterFiles) -> Slot | None:
-        """A slot that fits the adapter and no request uses (under `_cond`)."""
-        for slot in self._slots.values():
-            if slot.name != self.policy[0] and not self._users[slot.name] and slot.fits(adapter):
-                return slot
-        return None
-
-    def _load_slot(self, adapter: AdapterFiles, version: int) -> None:
-        """A job: peft loads the adapter into a new slot, which becomes the policy's."""
-        name = self._peft_load(adapter)
-        with self._cond:
-            self._check_version(version)
-        # Spares now, in this publish: made in the background they were still being made
-        # (a second or more on a loaded machine) when the next version came, which then
-        # waited for them.
-        self._add_spares(adapter, name)
-        with self._cond:
-            self.policy = (name, version)
-        self._drop_slots()
-
-    def _add_spares(self, adapter: AdapterFiles, like: str) -> None:
-        """Empty slots beside slot `like`, for the next versions of its shape."""
-        if adapter.shape is None or self.peft is None:
-            return
-        config = self.peft.peft_config[like]
-        while sum(s.shape == adapter.shape for s in self._slots.values()) <= SPARE_SLOTS:
-            name = self._new_slot_name()
-            self.peft.add_adapter(name, config)
-            self._lora_on = None
-            slot = Slot.of(self.peft, name, adapter.shape)
-            with self._cond:
-                self._slots[name] = slot
-        self.peft.eval()
-
-    def _new_slot_name(self) -> str:
-        return f"slot{max((int(n[4:]) for n in self._slots), default=-1) + 1}"
-
-    def _activate(self, name: str) -> None:
-        if self.peft.active_adapter != name:
-            self.peft.set_adapter(name, inference_mode=True)
-
-    def _drop_slots(self) -> None:
-        """Deletes slots of another shape than the policy's (or of none: adapters peft
-        loads every time) that no request uses."""
-        with self._cond:
-            policy = self.policy[0]
-            shape = self._slots[policy].shape if policy else None
-            unused = [
-                n
-                for n, slot in self._slots.items()
-                if (slot.shape != shape or slot.shape is None)
-                and n != policy
-                and not self._users[n]
-            ]
-            for name in unused:
-                del self._slots[name]
-        for name in unused:
-            self._activate(policy or name)
-            self.peft.delete_adapter(name)
-            logger.info("dropped adapter slot %s: no request uses its shape", name)
-
 
 def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:
     try:
         future.set_result(job())
     except Exception as error:
         future.set_exception(error)
-
-
-def _drop_row_hooks(peft: Any) -> None:
-    """Removes the hooks that give each row its adapter, left behind by a forward pass that
-    raised: peft registers them for one pass but removes them only when it returns (peft
-    issue #3475), and each later pass would then fail with the stale rows' adapters."""
-    for module in peft.modules():
-        hooks = module._forward_pre_hooks
-        for key, hook in list(hooks.items()):
-            if isinstance(hook, functools.partial) and "adapter_names" in hook.keywords:
-                del hooks[key]
-                module._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
 @dataclass(frozen=True)
@@ -665,81 +479,3 @@ def _merge(batch: _Batch | None, fresh: _Batch | None) -> _Batch | None:
     )
     cache = concat_rows(batch.cache, fresh.cache)
     return _Batch(batch.rows + fresh.rows, cache, mask, batch.last + fresh.last)
-
-
-def pick_tokens(
-    logprobs: torch.Tensor,
-    samplings: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
-) -> list[int | None]:
-    """Each row's next token from its raw log-probs (rows, vocabulary), with its request's
-    temperature, top-p and generator; None for a row whose weights are not a distribution
-    (a model that produced NaN).
-
-    Rows that share a temperature and top-p are drawn together: one softmax, one cumulative
-    sum and one search for all of them, each at a uniform draw from its own generator (a
-    request's seed alone decides its tokens, whatever else shares its batch). Drawing row by
-    row cost 8% of a 64-row rollout's engine time, measured with py-spy.
-    """
-    tokens: list[int | None] = [int(t) for t in logprobs.argmax(-1).tolist()]
-    groups: dict[tuple[float, float], list[int]] = collections.defaultdict(list)
-    for row, sampling in enumerate(samplings):
-        if sampling.temperature != 0.0:
-            groups[sampling.temperature, sampling.top_p].append(row)
-    for (temperature, top_p), rows in groups.items():
-        if temperature < 1e-30:  # greedy or not, row by row (`sampling_weights`)
-            for row in rows:
-                weights = sampling_weights(logprobs[row], temperature, top_p)
-                if weights is not None:
-                    tokens[row] = _draw(weights[None], [generators[row]])[0]
-            continue
-        weights = sampling_weights(logprobs[torch.tensor(rows)], temperature, top_p)
-        assert weights is not None  # only temperatures under 1e-30 can be greedy here
-        for row, token in zip(rows, _draw(weights, [generators[r] for r in rows]), strict=True):
-            tokens[row] = token
-    return tokens
-
-
-def _draw(weights: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int | None]:
-    """One token per row of `weights` (rows, vocabulary; unnormalized), by inverse transform
-    at a uniform draw from each row's generator; None for a row that is not a distribution."""
-    cumulative = weights.double().cumsum(-1)
-    totals = cumulative[:, -1]
-    draws = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
-    # the first token whose cumulative weight passes the draw: a zero-weight token never does
-    picked = torch.searchsorted(cumulative, (draws * totals)[:, None], right=True)[:, 0]
-    picked = picked.clamp_(max=weights.shape[-1] - 1).tolist()
-    valid = (torch.isfinite(totals) & (totals > 0)).tolist()
-    return [int(t) if ok else None for t, ok in zip(picked, valid, strict=True)]
-
-
-def sampling_weights(
-    logprobs: torch.Tensor, temperature: float, top_p: float
-) -> torch.Tensor | None:
-    """What the next token is drawn from: weights over the last dimension (unnormalized),
-    valid for every legal temperature and top-p, or None for greedy.
-
-    Greedy at temperature 0, and at a temperature so small that even the likeliest token's
-    scaled log-prob leaves the float range (1e-40 scales -1 to -inf in float32; 5e-324 is 0
-    there): the softmax of all -inf is NaN, and greedy is the limit anyway (that check is
-    for one row: `pick_tokens` passes such temperatures row by row). Otherwise every scaled
-    log-prob is at most a finite maximum, so the softmax is valid, and top-p keeps the
-    likeliest token always.
-    """
-    if temperature == 0.0:
-        return None
-    scaled = logprobs / temperature
-    # The likeliest log-prob is at least -log(vocabulary size), above -100: only a temperature
-    # under 1e-30 can scale it out of range, and only then is a pass over the vocabulary spent.
-    if temperature < 1e-30 and not math.isfinite(scaled.max().item()):
-        return None
-    probs = torch.softmax(scaled, dim=-1)
-    if top_p < 1.0:
-        ordered, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p. No mass precedes the likeliest
-        # token: a top_p that is 0 in float32 (1e-46) would drop it too, hence the floor.
-        top_p = max(top_p, torch.finfo(ordered.dtype).tiny)
-        drop = ordered.cumsum(-1) - ordered >= top_p
-        ordered[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter(-1, order, ordered)
-    return probs

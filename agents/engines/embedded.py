@@ -32,6 +32,7 @@ import torch
 
 from agents import models
 from agents.config import PREFIX_CACHE_TOKENS
+from agents.engines import template
 from agents.engines.aio import LoopSink
 from agents.engines.attention import use_grouped_sdpa
 from agents.engines.base import (
@@ -43,10 +44,11 @@ from agents.engines.base import (
     SamplingParams,
     TokenChunk,
     ToolSchema,
+    check_adapter,
+    completion_room,
 )
 from agents.engines.batching import END, EventSink, Request, Scheduler
 from agents.engines.char_bound import char_bound, request_chars
-from agents.toolcalls import assistant_message
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ class EmbeddedEngine:
 
     @property
     def policy_version(self) -> int:
-        return self._scheduler.policy[1]
+        return self._scheduler.adapters.policy[1]
 
     def prefill_counts(self) -> tuple[int, int]:
         """(prompt tokens prefilled so far, those of them whose KV the prefix cache gave)."""
@@ -97,7 +99,7 @@ class EmbeddedEngine:
 
     @property
     def _peft(self) -> Any:
-        return self._scheduler.peft
+        return self._scheduler.adapters.peft
 
     def generate(
         self,
@@ -134,18 +136,10 @@ class EmbeddedEngine:
         events: EventSink,
     ) -> Request:
         sampling = sampling or SamplingParams()
-        if adapter not in (BASE, POLICY):
-            raise ValueError(
-                f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
-            )
+        check_adapter(adapter, "embedded engine")
         self._refuse_overlong(messages, tools)
         prompt_ids = self.encode(messages, tools)
-        room = self.context_length - len(prompt_ids)
-        if room < 1:
-            raise ContextExceeded(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is "
-                f"{self.context_length}: shorten the conversation"
-            )
+        room = completion_room(len(prompt_ids), self.context_length)
         return self._scheduler.submit(
             prompt_ids,
             sampling,
@@ -175,7 +169,7 @@ class EmbeddedEngine:
             <= (self.context_length - 1) * bound.per_token
         ):
             return
-        text = self._template(messages, tools, tokenize=False)
+        text = template.render(self.tokenizer, messages, tools, tokenize=False)
         if (least := bound.least_tokens(text)) >= self.context_length:
             raise ContextExceeded(
                 f"the prompt has {len(text)} characters, at least {least} tokens (a token is "
@@ -258,52 +252,28 @@ class EmbeddedEngine:
         version: int,
         tools: Sequence[ToolSchema] | None,
     ) -> Completion:
-        """The completion of a request; tool calls are parsed from its text only when the
-        request offered `tools` (`agents.toolcalls.assistant_message`)."""
-        text = self.tokenizer.decode(completion_ids, skip_special_tokens=False)
-        ended_by_eos = bool(completion_ids) and completion_ids[-1] in self._eos_ids()
-        body = self.tokenizer.decode(completion_ids[:-1] if ended_by_eos else completion_ids)
-        stops = [body.index(s) for s in sampling.stop if s in body]
-        finished = ended_by_eos or bool(stops)
-        if stops:
-            body = body[: min(stops)]  # OpenAI's semantics: the stop string is not returned
-        message = assistant_message(body, tools)
-        reason = "tool_calls" if message.get("tool_calls") else ("stop" if finished else "length")
-        return Completion(
-            message=message,
-            prompt_token_ids=tuple(prompt_ids),
-            completion_token_ids=tuple(completion_ids),
-            completion_logprobs=tuple(logprobs),
-            finish_reason=reason,
-            policy_version=version,
-            text=text,
-            usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
+        """The completion of a request (`agents.engines.template.token_completion`)."""
+        return template.token_completion(
+            self.tokenizer,
+            self._eos_ids(),
+            prompt_ids,
+            completion_ids,
+            logprobs,
+            sampling,
+            version,
+            tools,
         )
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
     ) -> list[int]:
         """Prompt token ids of a conversation, ending with the assistant's generation prompt."""
-        return list(self._template(messages, tools, tokenize=True, return_dict=True)["input_ids"])
-
-    def _template(
-        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None, **options: Any
-    ) -> Any:
-        """The chat template applied to a conversation, with the generation prompt."""
-        return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=[dict(t) for t in tools] if tools else None,
-            add_generation_prompt=True,
-            **options,
-        )
+        return template.encode(self.tokenizer, messages, tools)
 
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
     ) -> list[float]:
-        if adapter not in (BASE, POLICY):
-            raise ValueError(
-                f"unknown adapter {adapter!r}; the embedded engine serves {POLICY!r} or None"
-            )
+        check_adapter(adapter, "embedded engine")
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
         # Bound like a request: a publish meanwhile never overwrites the slot it reads.
         slot = self._scheduler.bind_policy()[0] if adapter == POLICY else None
@@ -314,7 +284,7 @@ class EmbeddedEngine:
 
     def _score(self, ids: torch.Tensor, prompt_length: int, slot: str | None) -> list[float]:
         """Runs on the scheduler thread; `slot` None is the base model."""
-        model, extra = self._scheduler.lora_model([slot])
+        model, extra = self._scheduler.adapters.lora_model([slot])
         with torch.inference_mode():
             logits = model(input_ids=ids, **extra).logits
         return (
@@ -326,12 +296,12 @@ class EmbeddedEngine:
     def load_adapter(self, path: str, version: int) -> None:
         """Copies the adapter into a free slot and swaps atomically: running requests keep
         their version, later ones get this one (`agents.engines.batching`)."""
-        self._scheduler.load_adapter(path, version)
+        self._scheduler.adapters.load_adapter(path, version)
         logger.info("serving adapter %s as policy version %d", path, version)
 
     def prepare_adapter(self, path: str) -> None:
         """Makes the LoRA slots of the adapter's shape now, without serving it."""
-        self._scheduler.prepare_adapter(path)
+        self._scheduler.adapters.prepare_adapter(path)
 
     def close(self) -> None:
         self._scheduler.close()
@@ -349,8 +319,7 @@ class EmbeddedEngine:
         return stopped
 
     def _eos_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        return set(eos if isinstance(eos, list) else [eos])
+        return template.id_set(self.model.generation_config.eos_token_id)
 
 
 class _Reply:

@@ -31,6 +31,7 @@ from agents.engines.base import (
     SamplingParams,
     TokenChunk,
     ToolSchema,
+    check_adapter,
 )
 from agents.engines.openai_http import (
     OpenAIHTTP,
@@ -106,7 +107,7 @@ class RemoteEngine(ThreadedAsync):
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
     ) -> list[float]:
         """Log-probs through vLLM's `prompt_logprobs`; other servers answer with an error."""
-        _check_adapter(adapter)
+        check_adapter(adapter, "remote engine")
         return openai_http.score(self._http, self.model, prompt_ids, completion_ids)
 
     def load_adapter(self, path: str, version: int) -> None:
@@ -130,7 +131,7 @@ class RemoteEngine(ThreadedAsync):
         adapter: str | None,
         stream: bool,
     ) -> dict:
-        _check_adapter(adapter)
+        check_adapter(adapter, "remote engine")
         return chat_body(
             self.model,
             messages,
@@ -140,8 +141,3 @@ class RemoteEngine(ThreadedAsync):
             logprobs=self.logprobs,
             stream=stream,
         )
-
-
-def _check_adapter(adapter: str | None) -> None:
-    if adapter not in (BASE, POLICY):
-        raise ValueError(f"unknown adapter {adapter!r}; the remote engine takes {POLICY!r} or None")

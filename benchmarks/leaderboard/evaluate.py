@@ -22,7 +22,8 @@ from typing import Any
 import gymnasium as gym
 
 from agents.engines.base import SamplingParams
-from agents.rollout import DirectSeat, run_episode
+from agents.rollout import run_episode
+from agents.seats import DirectSeat
 from agents.store import Store
 from benchmarks.leaderboard.engines import EpisodeRecorder, EpisodeView, ScriptedEngine
 from benchmarks.leaderboard.suites import EpisodeTrace, TaskSet

@@ -51,7 +51,7 @@ from agents.compose import env_factory, serve_key, serve_policy
 from agents.config import EnvConfig, ServeSection
 from agents.engines.base import Completion, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.rollout import ProxySeat
+from agents.seats import ProxySeat
 from agents.store import Store
 from agents.toolcalls import assistant_message
 from benchmarks.perf.rollout import TimedProgress, machine_busy_s

@@ -19,7 +19,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agents.store import _SCHEMA, Store, _turn_values
+from agents.store import _SCHEMA, Store
+from agents.store_rows import turn_values
 from agents.trajectory import Session, Turn, TurnType
 
 
@@ -73,7 +74,7 @@ def rollback_journal_writes(path: Path, turns: int, tokens: int) -> float:
     for index in range(turns):
         db.execute(
             f"INSERT INTO turns ({columns}) VALUES ({', '.join('?' * 18)})",
-            _turn_values(make_turn("s", index, tokens)),
+            turn_values(make_turn("s", index, tokens)),
         )
     elapsed = time.perf_counter() - started
     db.close()

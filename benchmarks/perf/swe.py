@@ -113,7 +113,8 @@ def grading_rows(backends: list[str], count: int) -> list[Row]:
 def episode_rows(backend: str, model: str, episodes: int, max_turns: int) -> list[Row]:
     from agents.engines.base import SamplingParams
     from agents.engines.embedded import EmbeddedEngine
-    from agents.rollout import DirectSeat, run_episode
+    from agents.rollout import run_episode
+    from agents.seats import DirectSeat
     from agents.store import Store
 
     engine = EmbeddedEngine(model)

@@ -11,7 +11,8 @@ import pytest
 
 from agents.engines.base import SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.rollout import ELIDED, DirectSeat, ProxySeat, elide_oldest, run_episode
+from agents.rollout import ELIDED, elide_oldest, run_episode
+from agents.seats import DirectSeat, ProxySeat
 from agents.store import Store
 from agents.trajectory import SessionStatus
 from envs.arith.env import ArithEnv

@@ -291,7 +291,7 @@ def build_sampler(engine: EngineConfig, model: ModelConfig, shares_gpu: bool = F
             f"engine={engine.backend} cannot sample for the Tinker server: use embedded or vllm"
         )
     from agents.compose import build_engine, cuda_available, split_cpus
-    from agents.engines.vllm import own_cpus
+    from agents.engines.vllm_command import own_cpus
 
     cpus = None
     if not cuda_available():

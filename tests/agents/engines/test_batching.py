@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from agents.engines.base import BASE, POLICY, Completion, SamplingParams
-from agents.engines.batching import END, pick_tokens, sampling_weights
+from agents.engines.batching import END
 from agents.engines.embedded import EmbeddedEngine
+from agents.engines.sampling import pick_tokens, sampling_weights
 from tests.agents.engines.conftest import save_random_adapter
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -101,7 +102,7 @@ def test_a_swap_mid_request_keeps_each_request_on_its_version(engine, tmp_path):
     assert after.policy_version == version + 1 == engine.policy_version
     engine.score(after.prompt_token_ids, after.completion_token_ids)  # one more scheduler round
     # Every finished request (and the score) gave its slot back: the next publish has one.
-    assert not any(engine._scheduler._users.values())
+    assert not any(engine._scheduler.adapters.users.values())
 
 
 def test_an_abandoned_stream_is_cancelled_and_others_continue(engine):
@@ -396,7 +397,7 @@ def test_base_and_policy_rows_reuse_only_their_own_kv(warm, cold, tmp_path):
 def test_a_new_policy_version_never_reuses_an_older_ones_kv(warm, cold, tmp_path):
     prompt = warm.encode(conversation("versions", "what is 3 + 3?"))
     publish(tmp_path, 31, warm, cold)
-    first_slot = warm._scheduler.policy[0]
+    first_slot = warm._scheduler.adapters.policy[0]
     assert run(warm, prompt, policy=True).cached == 0
     assert run(warm, prompt, policy=True).cached == len(prompt) - 1
     for seed in (32, 33, 34):
@@ -404,9 +405,9 @@ def test_a_new_policy_version_never_reuses_an_older_ones_kv(warm, cold, tmp_path
         after = run(warm, prompt, policy=True)
         assert after.cached == 0
         assert_cold(after, cold, prompt, policy=True)
-        if warm._scheduler.policy[0] == first_slot:
+        if warm._scheduler.adapters.policy[0] == first_slot:
             break
-    assert warm._scheduler.policy[0] == first_slot, "the first version's slot was refilled"
+    assert warm._scheduler.adapters.policy[0] == first_slot, "the first version's slot was refilled"
 
 
 def test_a_prefix_cache_over_its_bound_evicts_and_stays_exact(cold):

@@ -141,7 +141,7 @@ def test_swaps_mid_generation_fail_no_request_and_keep_versions(adapters):
             )
             assert rescored == pytest.approx(list(result.completion_logprobs), abs=1e-4)
         check.close()
-    assert not any(engine._scheduler._users.values())
+    assert not any(engine._scheduler.adapters.users.values())
     engine.close()
 
 
@@ -159,7 +159,7 @@ def test_an_adapter_of_another_rank_gets_its_own_slots(adapters, tmp_path):
     fresh.load_adapter(str(tmp_path / "r8"), 1)
     ours, theirs = served(engine, PROMPTS[:2]), served(fresh, PROMPTS[:2])
     assert [c.completion_token_ids for c in ours] == [c.completion_token_ids for c in theirs]
-    shapes = {s.shape for s in engine._scheduler._slots.values()}
+    shapes = {s.shape for s in engine._scheduler.adapters.slots.values()}
     assert shapes == {read_adapter(str(tmp_path / "r8")).shape}  # rank-4 slots are gone
     engine.close()
     fresh.close()

@@ -19,14 +19,8 @@ from transformers import AutoTokenizer
 from agents import models
 from agents.engines.base import BASE, POLICY, Completion, ContextExceeded, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.engines.vllm import (
-    CPU_LORA_BANNER,
-    AdapterLoadError,
-    EngineDied,
-    ServerStartError,
-    VLLMEngine,
-    lacks_cpu_lora_kernels,
-)
+from agents.engines.vllm import AdapterLoadError, EngineDied, ServerStartError, VLLMEngine
+from agents.engines.vllm_command import CPU_LORA_BANNER, lacks_cpu_lora_kernels
 from agents.engines.vllm_server import group_members
 
 pytestmark = pytest.mark.vllm

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.engines.vllm import CPU_LORA_BANNER, lacks_cpu_lora_kernels
+from agents.engines.vllm_command import CPU_LORA_BANNER, lacks_cpu_lora_kernels
 from agents.engines.vllm_plugin.clawgym_vllm_plugin import (
     BANNER,
     NO_ADAPTER,

@@ -67,7 +67,8 @@ def test_an_episode_through_the_proxy_stores_what_the_direct_path_stores_on_vllm
     """Training's rollouts reach vLLM through the proxy (`ProxySeat`): greedy and seeded, the
     turns it records are the ones vLLM itself gives the in-process path (`DirectSeat`)."""
     from agents.engines.base import SamplingParams
-    from agents.rollout import DirectSeat, ProxySeat, run_episode
+    from agents.rollout import run_episode
+    from agents.seats import DirectSeat, ProxySeat
     from envs.arith.env import ArithEnv
 
     greedy = SamplingParams(temperature=0.0, max_tokens=12, seed=7)
