@@ -129,7 +129,7 @@ class TrainerConfig:
     gradient_checkpointing: str = "auto"
     """Recompute activations in backward (less memory, a quarter to a third more time):
     auto, for each pass whose activations would not fit `memory_budget_gib` (estimated,
-    `trainers.learner.activation_bytes`); true or false, always or never."""
+    `trainers.lora.activation_bytes`); true or false, always or never."""
     memory_budget_gib: float | None = None
     """What a pass's activations may take before `gradient_checkpointing=auto` turns
     checkpointing on for it; None: half the memory available when the learner starts (the
@@ -436,7 +436,7 @@ def validate(config: RunConfig) -> None:
 
 
 def validate_placement(section: str, device: str, dtype: str) -> None:
-    """Raises ValueError for a learner device or dtype `trainers.learner` does not know;
+    """Raises ValueError for a learner device or dtype `trainers.lora` does not know;
     `section` names the config section in the message."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"{section}.device must be auto, cpu or cuda, got {device!r}")

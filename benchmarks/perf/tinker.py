@@ -36,7 +36,8 @@ from rich.table import Table
 
 from agents import models
 from trainers.config import TrainerConfig
-from trainers.learner import Learner, TrainSample
+from trainers.learner import Learner
+from trainers.learning import TrainSample
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from trainers.config import (
     TrainerConfig,
     validate,
 )
-from trainers.learner import TrainSample
+from trainers.learning import TrainSample
 from trainers.tinker_learner import datum, ppo_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -81,7 +81,7 @@ def serve(config: TinkerServeConfig) -> None:
     import uvicorn
 
     from agents.compose import cuda_available
-    from trainers.learner import learner_device
+    from trainers.lora import learner_device
     from trainers.tinker.app import build_app
     from trainers.tinker.engine import TinkerEngine
     from trainers.tinker.samplers import build_sampler
