@@ -6,8 +6,9 @@ their components here and nowhere else; each builder takes only its own sub-conf
     with serve_policy(engine, store, config.serve, config.model.name) as (url, proxy):
         ...
 
-The trainer-side components (the judge, `trainers.judge.build_judge`; the learner) are
-built by `trainers.run` from the engine made here: imports point down only.
+The trainer-side components (the learner, the judges, the loops) are built by the trainer's
+own composition root, `trainers.compose`, from the engines made here: imports point down
+only.
 """
 
 from __future__ import annotations

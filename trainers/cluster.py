@@ -58,7 +58,7 @@ from agents.engines.vllm import VLLMEngine, own_cpus
 from agents.engines.vllm_server import EngineDied
 from agents.rollout import EpisodeSummary, ProxySeat, Seat
 from agents.trajectory import SessionStatus
-from trainers.config import ClusterConfig
+from trainers.compute_config import ClusterConfig
 from trainers.rollouts import EnvPool, EnvSlot, play_episode
 
 logger = logging.getLogger(__name__)

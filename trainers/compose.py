@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,8 @@ from agents.proxy import LIVE_ENV_ID, Proxy
 from agents.rollout import ProxySeat
 from agents.store import Store
 from agents.trajectory import TurnType
-from trainers.config import ClusterConfig, JudgeConfig, RunConfig
+from trainers.compute_config import ClusterConfig
+from trainers.config import JudgeConfig, RunConfig
 from trainers.evaluation import Evaluator
 from trainers.judge import Judge, build_judge
 from trainers.judging import JudgeLoop
@@ -46,7 +47,7 @@ from trainers.learning import PolicyLearner
 from trainers.metrics import MetricsWriter
 from trainers.pipeline import Loops, Pipeline, Schedule
 from trainers.progress import Progress
-from trainers.rollouts import EnvSlot, EpisodePlayer, LocalPlayer, RolloutLoop
+from trainers.rollouts import EnvSlot, EpisodePlayer, LocalPlayer, MakeEnv, RolloutLoop
 from trainers.samples import RewardWeights, reward_weights
 from trainers.sft import SFTLoop, prepare_demonstrations
 from trainers.training import TrainLoop
@@ -285,25 +286,9 @@ def build_loops(
     make_envs = {name: env_factory(env) for name, env in served.envs.items()}
     supervised, prepare = None, None
     if schedule.sft or schedule.warm_start:
-        if not isinstance(learner, Learner):
-            raise ValueError("supervised steps are the local learner's: use backend=local")
-        supervised = SFTLoop(
-            config.trainer, config.sft, learner, store, publish, progress, metrics, config.seed
-        )
-        # what the engine serves: its configured context, else the model's own
-        context = config.engine.context_length or getattr(
-            learner.model.config, "max_position_embeddings", None
-        )
-        prepare = functools.partial(
-            prepare_demonstrations,
-            config.sft,
-            make_envs,
-            store,
-            learner,
-            config.model.name,
-            config.seed,
-            context,
-        )
+        sft_args = (store, publish, progress, metrics, config.seed)
+        supervised = SFTLoop(config.trainer, config.sft, local(learner), *sft_args)
+        prepare = demonstrations(config, local(learner), store, make_envs)
     if supervised is not None and schedule.sft:
         # supervised fine-tuning plays no episode: its envs only demonstrate
         return Loops(judging, supervised, supervised, None, {}, prepare)
@@ -321,18 +306,60 @@ def build_loops(
         max_signalless_groups=config.rollout.max_signalless_groups,
     )
     slots = {name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()}
-    rollouts = None
-    if slots:
-        rollouts = RolloutLoop(
-            config.rollout,
-            slots,
-            served.player,
-            config.sampling,
-            config.seed,
-            progress,
-            has_room=lambda: training.waiting() < config.trainer.backlog,
-        )
+    rollouts = rollout_loop(config, slots, served.player, progress, training) if slots else None
     return Loops(judging, training, supervised, rollouts, slots, prepare)
+
+
+def rollout_loop(
+    config: RunConfig,
+    slots: Mapping[str, EnvSlot],
+    player: EpisodePlayer,
+    progress: Progress,
+    training: TrainLoop,
+) -> RolloutLoop:
+    """The loop that plays the envs' task groups, pausing while more than
+    `trainer.backlog` turns wait for `training`."""
+    return RolloutLoop(
+        config.rollout,
+        slots,
+        player,
+        config.sampling,
+        config.seed,
+        progress,
+        has_room=lambda: training.waiting() < config.trainer.backlog,
+    )
+
+
+def local(learner: PolicyLearner) -> Learner:
+    """The learner as the local peft one, which supervised steps need.
+
+    Raises:
+        ValueError: another learner (`backend=tinker`; `validate` refuses that first).
+    """
+    if not isinstance(learner, Learner):
+        raise ValueError("supervised steps are the local learner's: use backend=local")
+    return learner
+
+
+def demonstrations(
+    config: RunConfig, learner: Learner, store: Store, make_envs: Mapping[str, MakeEnv]
+) -> Callable[[], None]:
+    """What puts the run's demonstrations in its store (`prepare_demonstrations`), scored
+    by `learner` as it is once the run has resumed."""
+    # what the engine serves: its configured context, else the model's own
+    context = config.engine.context_length or getattr(
+        learner.model.config, "max_position_embeddings", None
+    )
+    return functools.partial(
+        prepare_demonstrations,
+        config.sft,
+        make_envs,
+        store,
+        learner,
+        config.model.name,
+        config.seed,
+        context,
+    )
 
 
 def env_weights(config: RunConfig) -> dict[str, RewardWeights]:

@@ -32,7 +32,8 @@ import numpy as np
 
 from agents.engines.tinker import TINKER_POINTER
 from trainers.checkpoints import commit_checkpoint, newest_checkpoint
-from trainers.config import BackendConfig, TrainerConfig
+from trainers.compute_config import BackendConfig
+from trainers.config import TrainerConfig
 from trainers.learning import StepMetrics, TrainSample
 
 logger = logging.getLogger(__name__)

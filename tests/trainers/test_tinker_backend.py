@@ -17,8 +17,8 @@ from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import TurnStatus
 from tests.trainers.test_run import TEST_DEFAULTS, TINY, TINY_CHAT
+from trainers.compute_config import BackendConfig
 from trainers.config import (
-    BackendConfig,
     MethodConfig,
     RunConfig,
     SFTConfig,
