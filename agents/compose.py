@@ -6,8 +6,9 @@ their components here and nowhere else; each builder takes only its own sub-conf
     with serve_policy(engine, store, config.serve, config.model.name) as (url, proxy):
         ...
 
-The trainer-side components (the judge, `trainers.judge.build_judge`; the learner) are
-built by `trainers.run` from the engine made here: imports point down only.
+The trainer-side components (the learner, the judges, the loops) are built by the trainer's
+own composition root, `trainers.compose`, from the engines made here: imports point down
+only.
 """
 
 from __future__ import annotations
@@ -52,6 +53,24 @@ def split_cpus(cpus: Sequence[int], engine_share: int | None = None) -> tuple[li
     share = (len(cpus) + 1) // 2 if engine_share is None else engine_share
     share = min(max(share, 1), len(cpus) - 1)
     return cpus[: len(cpus) - share], cpus[len(cpus) - share :]
+
+
+def place_beside_learner(
+    engine: EngineConfig, learner_on_cpu: bool, overlap: bool = True
+) -> tuple[list[int] | None, list[int] | None]:
+    """(learner's, engine's) cores where a learner computes on this machine's CPUs beside a
+    vLLM server: two sets of OpenMP threads on the same cores slow both, so they split them
+    (`split_cpus`, the engine taking `engine.threads`); without `overlap` the phases
+    alternate, never computing at once, and each takes every core. (None, None): nothing to
+    split (another engine, or the learner on a GPU, where vLLM takes `LEARNER_GPU_SHARE` of
+    its memory: `build_engine`'s `shares_gpu_with_learner`)."""
+    if engine.backend != "vllm" or not learner_on_cpu:
+        return None, None
+    from agents.engines.vllm_command import own_cpus
+
+    if not overlap:
+        return own_cpus(), own_cpus()
+    return split_cpus(own_cpus(), engine.threads)
 
 
 def build_engine(
@@ -115,6 +134,23 @@ def build_engine(
     return RemoteEngine(
         engine.base_url, model.name, api_key=engine.api_key, token_ids=engine.token_ids
     )
+
+
+def build_tinker_engine(
+    service: Any, base_model: str, model: ModelConfig, context_length: int | None = None
+) -> Engine:
+    """The engine sampling from a Tinker service (`tinker.ServiceClient`, which it closes):
+    `base_model` is the service's name of `model`; `context_length` None: the model's own."""
+    from agents import models
+    from agents.engines.tinker import TinkerEngine
+
+    if context_length is None:
+        from transformers import AutoConfig
+
+        resolved = AutoConfig.from_pretrained(models.resolve(model.name))
+        context_length = int(resolved.max_position_embeddings)
+    tokenizer = models.load_tokenizer(model.name)
+    return TinkerEngine(service, base_model, tokenizer, context_length, owns_service=True)
 
 
 def cuda_available() -> bool:

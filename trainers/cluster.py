@@ -60,7 +60,7 @@ from agents.engines.vllm_server import EngineDied
 from agents.rollout import EpisodeSummary, Seat
 from agents.seats import ProxySeat
 from agents.trajectory import SessionStatus
-from trainers.config import ClusterConfig
+from trainers.compute_config import ClusterConfig
 from trainers.rollouts import EnvPool, EnvSlot, play_episode
 
 logger = logging.getLogger(__name__)

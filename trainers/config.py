@@ -24,6 +24,7 @@ from agents.config import (
     validate_envs,
     validate_serve,
 )
+from trainers.compute_config import BackendConfig, ClusterConfig, validate_cluster
 
 
 @dataclass
@@ -60,6 +61,35 @@ class JudgeConfig:
     """remote judge: the model name to ask for."""
 
 
+def validate_judge(judge: JudgeConfig) -> None:
+    """Raises ValueError, saying the fix, for a judge config that cannot score."""
+    if judge.votes < 1:
+        raise ValueError(f"judge.votes must be >= 1, got {judge.votes}")
+    if judge.kind == "remote" and not (judge.base_url and judge.model):
+        raise ValueError(
+            "judge=remote needs judge.base_url=http://HOST:PORT/v1 (and judge.model=NAME)"
+        )
+
+
+def validate_judging(judge: JudgeConfig, method: MethodConfig, envs: dict[str, EnvConfig]) -> None:
+    """Raises ValueError, saying the fix, where a judge cannot give the method or an env
+    what it needs."""
+    if method.name in ("opd", "combine") and judge.kind == "env":
+        raise ValueError(
+            f"method={method.name} needs hints from an LLM judge; use judge=self or remote"
+        )
+    for name, env in envs.items():
+        if (env.judge or judge.kind) == "env" and env.outcome_weight == 0:
+            raise ValueError(
+                f"env {name!r} has no outcome to learn from (outcome_weight 0), so judge=env "
+                f"gives it no reward: use judge=self, feedback or remote (or env.{name}.judge=...)"
+            )
+        if env.judge == "remote" and judge.kind != "remote":
+            raise ValueError(
+                f"env.{name}.judge=remote: a remote judge is configured once, as judge=remote"
+            )
+
+
 @dataclass
 class MethodConfig:
     """How judged turns become advantages (trainers/advantages.py)."""
@@ -87,6 +117,18 @@ class MethodConfig:
     dropped whole, counted in the step's `filtered_groups`, and more groups are played until
     a step holds `trainer.batch_turns` turns; false: binary takes whole groups in order, a
     uniform group's turns with advantage 0 (DAPO's baseline: a smaller effective batch)."""
+
+
+METHODS = ("binary", "opd", "combine", "sft")
+"""The values of `method.name`."""
+
+
+def validate_method(method: MethodConfig) -> None:
+    """Raises ValueError, saying the fix, for a method the run does not know."""
+    if method.name not in METHODS:
+        raise ValueError(f"method={method.name!r}: choose method=binary, opd, combine or sft")
+    if method.baseline not in ("step", "group"):
+        raise ValueError(f"method.baseline must be step or group, got {method.baseline!r}")
 
 
 @dataclass
@@ -129,7 +171,7 @@ class TrainerConfig:
     gradient_checkpointing: str = "auto"
     """Recompute activations in backward (less memory, a quarter to a third more time):
     auto, for each pass whose activations would not fit `memory_budget_gib` (estimated,
-    `trainers.learner.activation_bytes`); true or false, always or never."""
+    `trainers.lora.activation_bytes`); true or false, always or never."""
     memory_budget_gib: float | None = None
     """What a pass's activations may take before `gradient_checkpointing=auto` turns
     checkpointing on for it; None: half the memory available when the learner starts (the
@@ -183,6 +225,48 @@ class TrainerConfig:
         return self.max_backlog if self.max_backlog is not None else 2 * self.batch_turns
 
 
+def validate_trainer(trainer: TrainerConfig) -> None:
+    """Raises ValueError, saying the fix, for a learner or loop value that cannot train."""
+    checkpointing_mode(trainer.gradient_checkpointing)
+    if trainer.batch_turns < 1 or trainer.max_steps < 0:
+        raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
+    if trainer.max_backlog is not None and trainer.max_backlog < trainer.batch_turns:
+        raise ValueError(
+            f"trainer.max_backlog ({trainer.max_backlog}) must be >= trainer.batch_turns "
+            f"({trainer.batch_turns}), or rollouts pause before a batch is complete"
+        )
+    if not 0 <= trainer.clip_low < 1 or trainer.clip_high < 0:
+        raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
+    if trainer.threads is not None and trainer.threads < 1:
+        raise ValueError(
+            f"trainer.threads must be >= 1 (or null: chosen for you), got {trainer.threads}"
+        )
+    validate_placement("trainer", trainer.device, trainer.dtype)
+
+
+def validate_training_engine(engine: EngineConfig, trainer: TrainerConfig) -> None:
+    """Raises ValueError, saying the fix, for an engine that cannot serve the adapters the
+    learner publishes."""
+    if engine.backend == "remote":
+        raise ValueError(
+            "engine=remote cannot train (the trainer publishes adapters to the engine it "
+            "serves); use engine=embedded or engine=vllm"
+        )
+    if engine.backend != "vllm":
+        return
+    if trainer.lora_rank > engine.max_lora_rank:
+        raise ValueError(
+            f"trainer.lora_rank={trainer.lora_rank} is above what vLLM accepts "
+            f"(engine.max_lora_rank={engine.max_lora_rank}); raise engine.max_lora_rank"
+        )
+    unserved = set(trainer.target_modules) - set(engine.lora_target_modules)
+    if unserved:
+        raise ValueError(
+            f"trainer.target_modules {sorted(unserved)} are not in engine.lora_target_modules: "
+            "vLLM would refuse the adapter; add them there"
+        )
+
+
 @dataclass
 class SFTConfig:
     """Supervised fine-tuning on demonstrations (`method=sft`, trainers/sft.py)."""
@@ -206,6 +290,12 @@ class SFTConfig:
     instead and takes none."""
 
 
+def validate_sft(sft: SFTConfig) -> None:
+    """Raises ValueError, saying the fix, for a demonstration count that cannot train."""
+    if sft.episodes < 1 or sft.warm_start_steps < 0:
+        raise ValueError("sft.episodes must be >= 1 and sft.warm_start_steps >= 0")
+
+
 @dataclass
 class RolloutConfig:
     """How simulated episodes are played (trainers/rollouts.py)."""
@@ -222,58 +312,15 @@ class RolloutConfig:
     groups of several rollouts count: a single rollout (live, group_size 1) has no variance."""
 
 
-@dataclass
-class ClusterConfig:
-    """Where rollouts run (`cluster=`, trainers/cluster.py): in the trainer's process, or
-    on a Ray cluster. The learner and the store stay in the trainer's process either way,
-    and the proxy stays the one writer of turns."""
-
-    kind: str = "local"
-    """local: episodes play on threads of the trainer's process (Ray is not imported);
-    ray: on rollout workers, Ray actors each holding a pool of env instances."""
-    address: str | None = None
-    """ray: the cluster to join (`HOST:PORT` of its head); None: $RAY_ADDRESS, else a Ray
-    started on this machine for the run (and stopped with it)."""
-    workers: int = 2
-    """ray: rollout workers."""
-    worker_cpus: float = 1.0
-    """ray: CPUs each worker reserves (its sandboxes and browsers run on its node)."""
-    spread: bool = True
-    """ray: place workers on as many nodes as there are (Ray's SPREAD), rather than packed."""
-    proxy_host: str | None = None
-    """ray: the address workers reach the proxy at, where it is not the one the proxy binds
-    (a proxy on 0.0.0.0: this node's address on the cluster's network)."""
-    replicas: int = 0
-    """ray with engine=vllm: vLLM replicas as Ray actors behind the proxy, routed by session
-    (`agents.engines.replicas`); 0: the engine runs beside the trainer as `engine=` says."""
-    replica_cpus: float = 1.0
-    """ray: CPUs each replica reserves (on a CPU node, the cores its threads are bound to)."""
-    replica_gpus: float = 0.0
-    """ray: GPUs each replica reserves (1: a GPU of its own; 0.5: half of one, with
-    `engine.gpu_memory_utilization` at most 0.5)."""
-    place_timeout_s: float = 600.0
-    """ray: seconds the workers and replicas may wait for a place on the cluster (a replica
-    then has `engine.startup_timeout` more to answer); past it the run stops, naming what it
-    asked for and what the cluster has, rather than wait for resources that never come."""
-
-
-@dataclass
-class BackendConfig:
-    """Where the LoRA steps, sampling and teacher log-probs run (`backend=`): this process's
-    learner and `engine=`, or a Tinker service (`trainers.tinker_learner`,
-    `agents.engines.tinker`); the proxy, store, judges and methods are the same either way."""
-
-    kind: str = "local"
-    """local: the peft learner here and the configured engine; tinker: a Tinker service."""
-    base_url: str | None = None
-    """tinker: the service's address; None: $TINKER_BASE_URL (unset: Tinker's own cloud)."""
-    api_key: str | None = None
-    """tinker: its API key; None: $TINKER_API_KEY (kept out of the config written to the run)."""
-    base_model: str | None = None
-    """tinker: the service's name of the base model; None: `model.name`."""
-    context_length: int | None = None
-    """tinker: the longest prompt plus completion sampled; None: `engine.context_length`,
-    else the model's `max_position_embeddings`."""
+def validate_rollout(rollout: RolloutConfig) -> None:
+    """Raises ValueError, saying the fix, for a rollout value that cannot play."""
+    if rollout.groups_in_flight < 1 or rollout.max_empty_episodes < 1:
+        raise ValueError("rollout.groups_in_flight and rollout.max_empty_episodes must be >= 1")
+    if rollout.max_signalless_groups < 0:
+        raise ValueError(
+            f"rollout.max_signalless_groups must be >= 0 (0 turns the check off), got "
+            f"{rollout.max_signalless_groups}"
+        )
 
 
 EVALUATIONS = ("before", "switch", "every", "after")
@@ -309,6 +356,17 @@ class EvalConfig:
     at most `engine.max_batch` rows)."""
 
 
+def validate_eval(evaluation: EvalConfig) -> None:
+    """Raises ValueError, saying the fix, for an evaluation value that cannot be played."""
+    if evaluation.episodes < 0 or evaluation.every < 0:
+        raise ValueError("eval.episodes and eval.every must be >= 0")
+    unknown = sorted(set(evaluation.pass_k_at) - set(EVALUATIONS))
+    if unknown:
+        raise ValueError(f"eval.pass_k_at: unknown {unknown}; use any of {list(EVALUATIONS)}")
+    if (evaluation.pass_k is not None and evaluation.pass_k < 0) or evaluation.parallel < 1:
+        raise ValueError("eval.pass_k must be >= 0 (or null: the group size), eval.parallel >= 1")
+
+
 @dataclass
 class RunConfig:
     """The root config."""
@@ -333,10 +391,6 @@ class RunConfig:
     """Where the store, the export and the resolved config go."""
 
 
-METHODS = ("binary", "opd", "combine", "sft")
-"""The values of `method.name`."""
-
-
 CHECKPOINTING = {"auto": "auto", "true": "on", "on": "on", "false": "off", "off": "off"}
 
 
@@ -350,93 +404,27 @@ def checkpointing_mode(value: str | bool) -> str:
 
 
 def validate(config: RunConfig) -> None:
-    """Raises ValueError, saying the fix, for any value the run cannot use."""
+    """Raises ValueError, saying the fix, for any value the run cannot use: each section's
+    own validator, then the checks that span sections."""
     validate_envs(config.env)
     validate_engine(config.engine)
     validate_serve(config.serve)
-    if config.engine.backend == "remote":
-        raise ValueError(
-            "engine=remote cannot train (the trainer publishes adapters to the engine it "
-            "serves); use engine=embedded or engine=vllm"
-        )
-    if config.engine.backend == "vllm" and config.trainer.lora_rank > config.engine.max_lora_rank:
-        raise ValueError(
-            f"trainer.lora_rank={config.trainer.lora_rank} is above what vLLM accepts "
-            f"(engine.max_lora_rank={config.engine.max_lora_rank}); raise engine.max_lora_rank"
-        )
-    unserved = set(config.trainer.target_modules) - set(config.engine.lora_target_modules)
-    if config.engine.backend == "vllm" and unserved:
-        raise ValueError(
-            f"trainer.target_modules {sorted(unserved)} are not in engine.lora_target_modules: "
-            "vLLM would refuse the adapter; add them there"
-        )
-    if config.method.name not in METHODS:
-        raise ValueError(
-            f"method={config.method.name!r}: choose method=binary, opd, combine or sft"
-        )
+    validate_training_engine(config.engine, config.trainer)
+    validate_method(config.method)
     validate_cluster(config.cluster)
     validate_backend(config)
     if config.cluster.replicas and config.engine.backend != "vllm":
         raise ValueError("cluster.replicas are vLLM servers: add engine=vllm")
-    if config.sft.episodes < 1 or config.sft.warm_start_steps < 0:
-        raise ValueError("sft.episodes must be >= 1 and sft.warm_start_steps >= 0")
-    if config.judge.votes < 1:
-        raise ValueError(f"judge.votes must be >= 1, got {config.judge.votes}")
-    if config.judge.kind == "remote" and not (config.judge.base_url and config.judge.model):
-        raise ValueError(
-            "judge=remote needs judge.base_url=http://HOST:PORT/v1 (and judge.model=NAME)"
-        )
-    if config.method.name in ("opd", "combine") and config.judge.kind == "env":
-        raise ValueError(
-            f"method={config.method.name} needs hints from an LLM judge; use judge=self or remote"
-        )
-    if config.method.baseline not in ("step", "group"):
-        raise ValueError(f"method.baseline must be step or group, got {config.method.baseline!r}")
-    for name, env in config.env.items():
-        if (env.judge or config.judge.kind) == "env" and env.outcome_weight == 0:
-            raise ValueError(
-                f"env {name!r} has no outcome to learn from (outcome_weight 0), so judge=env "
-                f"gives it no reward: use judge=self, feedback or remote (or env.{name}.judge=...)"
-            )
-        if env.judge == "remote" and config.judge.kind != "remote":
-            raise ValueError(
-                f"env.{name}.judge=remote: a remote judge is configured once, as judge=remote"
-            )
-    if config.rollout.groups_in_flight < 1 or config.rollout.max_empty_episodes < 1:
-        raise ValueError("rollout.groups_in_flight and rollout.max_empty_episodes must be >= 1")
-    if config.rollout.max_signalless_groups < 0:
-        raise ValueError(
-            f"rollout.max_signalless_groups must be >= 0 (0 turns the check off), got "
-            f"{config.rollout.max_signalless_groups}"
-        )
-    if config.eval.episodes < 0 or config.eval.every < 0:
-        raise ValueError("eval.episodes and eval.every must be >= 0")
-    unknown = sorted(set(config.eval.pass_k_at) - set(EVALUATIONS))
-    if unknown:
-        raise ValueError(f"eval.pass_k_at: unknown {unknown}; use any of {list(EVALUATIONS)}")
-    if (config.eval.pass_k is not None and config.eval.pass_k < 0) or config.eval.parallel < 1:
-        raise ValueError("eval.pass_k must be >= 0 (or null: the group size), eval.parallel >= 1")
-    checkpointing_mode(config.trainer.gradient_checkpointing)
-    if config.trainer.batch_turns < 1 or config.trainer.max_steps < 0:
-        raise ValueError("trainer.batch_turns must be >= 1 and trainer.max_steps >= 0")
-    if config.trainer.max_backlog is not None and (
-        config.trainer.max_backlog < config.trainer.batch_turns
-    ):
-        raise ValueError(
-            f"trainer.max_backlog ({config.trainer.max_backlog}) must be >= trainer.batch_turns "
-            f"({config.trainer.batch_turns}), or rollouts pause before a batch is complete"
-        )
-    if not 0 <= config.trainer.clip_low < 1 or config.trainer.clip_high < 0:
-        raise ValueError("trainer.clip_low must be in [0, 1) and trainer.clip_high >= 0")
-    if config.trainer.threads is not None and config.trainer.threads < 1:
-        raise ValueError(
-            f"trainer.threads must be >= 1 (or null: chosen for you), got {config.trainer.threads}"
-        )
-    validate_placement("trainer", config.trainer.device, config.trainer.dtype)
+    validate_sft(config.sft)
+    validate_judge(config.judge)
+    validate_judging(config.judge, config.method, config.env)
+    validate_rollout(config.rollout)
+    validate_eval(config.eval)
+    validate_trainer(config.trainer)
 
 
 def validate_placement(section: str, device: str, dtype: str) -> None:
-    """Raises ValueError for a learner device or dtype `trainers.learner` does not know;
+    """Raises ValueError for a learner device or dtype `trainers.lora` does not know;
     `section` names the config section in the message."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"{section}.device must be auto, cpu or cuda, got {device!r}")
@@ -476,22 +464,3 @@ def validate_backend(config: RunConfig) -> None:
         raise ValueError("backend=tinker samples on the Tinker service: drop cluster.replicas")
     if backend.context_length is not None and backend.context_length < 2:
         raise ValueError(f"backend.context_length must be at least 2, got {backend.context_length}")
-
-
-def validate_cluster(cluster: ClusterConfig) -> None:
-    """Raises ValueError, saying the fix, for a cluster the run cannot use."""
-    if cluster.kind not in ("local", "ray"):
-        raise ValueError(f"cluster={cluster.kind!r}: choose cluster=local or cluster=ray")
-    if cluster.workers < 1 or cluster.worker_cpus <= 0:
-        raise ValueError(
-            f"cluster.workers must be >= 1 and cluster.worker_cpus > 0, got "
-            f"{cluster.workers} and {cluster.worker_cpus}"
-        )
-    if cluster.place_timeout_s <= 0:
-        raise ValueError(f"cluster.place_timeout_s must be > 0, got {cluster.place_timeout_s}")
-    if cluster.replicas < 0 or cluster.replica_cpus <= 0 or cluster.replica_gpus < 0:
-        raise ValueError(
-            "cluster.replicas must be >= 0, cluster.replica_cpus > 0 and cluster.replica_gpus >= 0"
-        )
-    if cluster.replicas and cluster.kind != "ray":
-        raise ValueError("cluster.replicas places vLLM replicas on Ray: add cluster=ray")

@@ -336,13 +336,15 @@ def build_judge(config: JudgeConfig, engine: Engine) -> Judge:
     if config.kind == "feedback":
         return FeedbackJudge(config, engine)
     if config.kind == "remote":
-        from agents.engines.remote import RemoteEngine
+        from agents.compose import build_engine
+        from agents.config import EngineConfig, ModelConfig
 
         if not (config.base_url and config.model):
             raise ValueError(
                 "judge=remote needs judge.base_url=http://HOST:PORT/v1 and judge.model=NAME"
             )
-        remote = RemoteEngine(config.base_url, api_key=config.api_key, model=config.model)
+        upstream = EngineConfig(backend="remote", base_url=config.base_url, api_key=config.api_key)
+        remote = build_engine(upstream, ModelConfig(name=config.model))
         free = dataclasses.replace(config, decoding="free")  # a remote server scores no ids
         return LLMJudge(free, voter=remote, teacher=engine, voter_adapter=POLICY)
     module, _, name = config.kind.partition(":")

@@ -28,21 +28,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.serving.proxy import LIVE_ENV_ID
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
-from trainers.config import RunConfig
 from trainers.evaluation import Evaluator
-from trainers.judge import Judge
 from trainers.judging import JudgeLoop
-from trainers.learner import Learner, StepMetrics
+from trainers.learning import PolicyLearner, StepMetrics
 from trainers.metrics import CHECKPOINT_KEY, MetricsWriter
 from trainers.progress import Progress
-from trainers.rollouts import EnvSlot, EpisodePlayer, MakeEnv, RolloutLoop
-from trainers.samples import reward_weights
-from trainers.sft import NoDemonstrations, SFTLoop, prepare_demonstrations
+from trainers.rollouts import EnvSlot, RolloutLoop
+from trainers.sft import NoDemonstrations, SFTLoop
 from trainers.training import Publish, TrainLoop
 
 logger = logging.getLogger(__name__)
@@ -51,20 +49,52 @@ _IDLE_POLL_S = 0.25
 """How long a loop with nothing to do waits before looking at the store again."""
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """How far the pipeline runs and what it does first (from `trainer`, `sft`, `eval`)."""
+
+    max_steps: int
+    """`trainer.max_steps`: the method's optimiser steps."""
+    warm_start: int
+    """Supervised steps on demonstrations before an RL method's first step (0: none)."""
+    batch_turns: int
+    """`trainer.batch_turns`: with overlap off, main turns collected before each step."""
+    eval_before: bool = False
+    """`eval.before`: a held-out evaluation before the first step."""
+    init_adapter: str | None = None
+    """`trainer.init_adapter`: the adapter a fresh run starts from."""
+    sft: bool = False
+    """`method=sft`: supervised steps only, no episode played, nothing judged."""
+
+
+@dataclass(frozen=True)
+class Loops:
+    """The loops of one run, built by `trainers.compose.build_pipeline`."""
+
+    judging: JudgeLoop
+    training: TrainLoop | SFTLoop
+    """The method's steps (with `method=sft`, the supervised loop itself)."""
+    supervised: SFTLoop | None = None
+    """Supervised steps: `method=sft`'s, or an RL method's warm start."""
+    rollouts: RolloutLoop | None = None
+    """Plays the envs' episodes; None where only live clients feed the store."""
+    slots: Mapping[str, EnvSlot] = field(default_factory=dict)
+    """The envs that roll out, by name (their pools are closed when the run ends)."""
+    prepare: Callable[[], None] | None = None
+    """Puts the demonstrations in the store, after the resume (`prepare_demonstrations`)."""
+
+
 class Pipeline:
-    """Runs the loops of one training run.
+    """Runs, resumes and stops the loops of one training run; `trainers.compose` builds
+    its parts.
 
     Args:
-        config: the run's config.
-        run_dir: where metrics go (the store, adapters and checkpoints live there too).
+        schedule: how far it runs and what it does first.
+        loops: the loops it runs.
+        run_dir: where adapters live (metrics, the store and checkpoints too).
         store: the run's store.
         learner: the LoRA learner.
-        judge: scores turns and writes hints.
-        judges_by_env: judges of particular envs (`env.<name>.judge`), by name.
-        make_envs: one factory per env that rolls out (with `method=sft`: that
-            demonstrates), by name; empty when only live clients feed the store.
-        player: where the rollouts' episodes are played (`trainers.rollouts.LocalPlayer`
-            through the proxy, or a Ray cluster's workers); needed with `make_envs`.
+        progress: the run's counters, which the loops update.
         publish: hands a new adapter version to the server.
         metrics: where step metrics go.
         evaluator: plays held-out tasks before, during and after training (`eval`).
@@ -72,93 +102,27 @@ class Pipeline:
 
     def __init__(
         self,
-        config: RunConfig,
+        schedule: Schedule,
+        loops: Loops,
         run_dir: Path,
         store: Store,
-        learner: Learner,
-        judge: Judge,
-        judges_by_env: Mapping[str, Judge],
-        make_envs: Mapping[str, MakeEnv],
-        player: EpisodePlayer | None,
+        learner: PolicyLearner,
+        progress: Progress,
         publish: Publish,
         metrics: MetricsWriter | None = None,
         evaluator: Evaluator | None = None,
     ):
-        if make_envs and player is None:
-            raise ValueError("a pipeline that rolls out needs a player for its episodes")
-        self.config, self.run_dir, self.store, self.learner = config, Path(run_dir), store, learner
-        self.publish, self.metrics, self.evaluator = publish, metrics, evaluator
-        self.progress = Progress()
+        self.schedule, self.run_dir, self.store, self.learner = schedule, run_dir, store, learner
+        self.progress, self.publish = progress, publish
+        self.metrics, self.evaluator = metrics, evaluator
+        self.judging, self.training = loops.judging, loops.training
+        self.supervised, self.rollouts = loops.supervised, loops.rollouts
+        self.slots, self._prepare = loops.slots, loops.prepare
+        self.sft, self.warm_start = schedule.sft, schedule.warm_start
+        self.total_steps = schedule.max_steps + schedule.warm_start
         self._stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
         """The first loop that stopped on an error, and the error."""
-        self.make_envs = make_envs
-        self.sft = config.method.name == "sft"
-        # an adapter to start from (`trainer.init_adapter`, an SFT run's) is the warm start
-        warm = not (self.sft or config.trainer.init_adapter)
-        self.warm_start = config.sft.warm_start_steps if warm else 0
-        """Supervised steps on demonstrations before an RL method's first step."""
-        self.total_steps = config.trainer.max_steps + self.warm_start
-        if evaluator is not None and self.warm_start:
-            evaluator.switch_step = self.warm_start
-        kinds = {name: env.judge or config.judge.kind for name, env in config.env.items()}
-        self.judging = JudgeLoop(
-            store, judge, judges_by_env, config.method.name in ("opd", "combine"), self.progress
-        )
-        self.training: TrainLoop | SFTLoop
-        self.slots: dict[str, EnvSlot] = {}
-        self.rollouts: RolloutLoop | None = None
-        self.supervised = (
-            SFTLoop(
-                config.trainer,
-                config.sft,
-                learner,
-                store,
-                publish,
-                self.progress,
-                metrics,
-                config.seed,
-            )
-            if self.sft or self.warm_start
-            else None
-        )
-        if self.supervised is not None and self.sft:
-            # supervised fine-tuning plays no episode: its envs only demonstrate
-            self.training = self.supervised
-        else:
-            self.training = training = TrainLoop(
-                config.trainer,
-                config.method,
-                config.env,
-                {
-                    # live conversations (the proxy's "live" sessions) have no outcome
-                    LIVE_ENV_ID: reward_weights(None, config.method, config.judge.kind),
-                    **{
-                        name: reward_weights(env, config.method, kinds[name])
-                        for name, env in config.env.items()
-                    },
-                },
-                learner,
-                store,
-                publish,
-                self.progress,
-                metrics,
-                run_dir,
-                max_signalless_groups=config.rollout.max_signalless_groups,
-            )
-            self.slots = {
-                name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()
-            }
-            if self.slots and player is not None:
-                self.rollouts = RolloutLoop(
-                    config.rollout,
-                    self.slots,
-                    player,
-                    config.sampling,
-                    config.seed,
-                    self.progress,
-                    has_room=lambda: training.waiting() < config.trainer.backlog,
-                )
 
     # -- running -------------------------------------------------------------------------
     def run(self, overlap: bool = True) -> list[StepMetrics]:
@@ -166,20 +130,10 @@ class Pipeline:
         ones); returns the metrics of the steps this process took (metrics.jsonl holds the
         whole run's)."""
         self.resume()
-        if self.supervised is not None:
-            prepare_demonstrations(
-                self.config.sft,
-                self.make_envs,
-                self.store,
-                self.learner,
-                self.config.model.name,
-                self.config.seed,
-                # what the engine serves: its configured context, else the model's own
-                self.config.engine.context_length
-                or getattr(self.learner.model.config, "max_position_embeddings", None),
-            )
+        if self._prepare is not None:
+            self._prepare()
         try:
-            if self.config.eval.before and (self.evaluator is None or not self.evaluator.started):
+            if self.schedule.eval_before and (self.evaluator is None or not self.evaluator.started):
                 self._evaluate()  # the before, which a resumed run took in its first process
             if self.warm_start:
                 self._warm_start()
@@ -215,7 +169,7 @@ class Pipeline:
             self.supervised.demonstrations()
         except NoDemonstrations as none:  # all failed (DemonstrationsFailed): the run stops
             logger.warning("no warm start: %s", none)
-            self.total_steps = self.config.trainer.max_steps
+            self.total_steps = self.schedule.max_steps
             return
         while self.learner.step_count < self.warm_start:
             self.supervised.step()
@@ -252,7 +206,7 @@ class Pipeline:
         while self.learner.step_count < self.total_steps:
             while (
                 self.store.count_turns(TurnStatus.COLLECTED, TurnType.MAIN)
-                < self.config.trainer.batch_turns
+                < self.schedule.batch_turns
             ):
                 self.rollouts.play_groups()
             while self.judging.judge_pending():
@@ -320,8 +274,8 @@ class Pipeline:
             if self.evaluator is not None:
                 self.evaluator.restore(records)
         if state is None:
-            if self.config.trainer.init_adapter:
-                adapter = self.learner.start_from(self.config.trainer.init_adapter)
+            if self.schedule.init_adapter:
+                adapter = self.learner.start_from(self.schedule.init_adapter)
                 self.publish(str(adapter), self.learner.version)
             return
         self.store.mark_trained(self.learner.trained_seqs)

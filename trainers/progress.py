@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.core import solved
-from trainers.learner import StepMetrics
+from trainers.learning import StepMetrics
 
 
 @dataclass(frozen=True)

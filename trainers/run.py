@@ -20,37 +20,33 @@ the whole run.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
-from agents.config import EnvConfig, ServeSection
 from agents.demonstrations import DEMONSTRATION
-from agents.engines.base import Engine
-from agents.engines.vllm_command import own_cpus
-from agents.seats import ProxySeat
 from agents.store import Store
-from agents.trajectory import SessionStatus, TurnStatus, TurnType
+from agents.trajectory import SessionStatus, TurnStatus
+from trainers.compose import (
+    build_judges,
+    build_learner_and_engine,
+    build_pipeline,
+    cluster_session,
+    serving,
+)
 from trainers.config import RunConfig, register_configs, validate
-from trainers.evaluation import Evaluator
-from trainers.judge import build_judge
-from trainers.learner import Learner
 from trainers.metrics import MetricsWriter, Record, read_metrics, step_rows
 from trainers.pipeline import Pipeline
 from trainers.progress import Progress, episode_summary, learning_health
-from trainers.rollouts import EpisodePlayer, LocalPlayer
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +92,10 @@ class RunSummary:
 def train(config: RunConfig, run_dir: Path) -> RunSummary:
     """Runs the pipeline of `config` in `run_dir` until `trainer.max_steps` steps are done.
 
-    Every component comes from the composition root (`agents.compose`) or, on the trainer's
-    side, from its own builder. The policy is always served behind the proxy: the run's own
-    rollouts reach it over HTTP like any client, so the proxy is the one writer of turns.
+    Every component comes from the composition root (`trainers.compose`, which builds
+    engines, proxies and envs through `agents.compose`). The policy is always served behind
+    the proxy: the run's own rollouts reach it over HTTP like any client, so the proxy is
+    the one writer of turns.
     """
     validate(config)
     with cluster_session(config):
@@ -108,206 +105,52 @@ def train(config: RunConfig, run_dir: Path) -> RunSummary:
 def _train(config: RunConfig, run_dir: Path) -> RunSummary:
     torch.manual_seed(config.seed)
     started = time.monotonic()
-    learner, engine = _learner_and_engine(config, run_dir)
+    learner, engine = build_learner_and_engine(config, run_dir)
     store = Store(run_dir / "store.sqlite")
     metrics = MetricsWriter(run_dir, config.trainer.wandb_project)
     # The engine makes its adapter slots now, so that the first publish is a copy like
     # every later one (peft's first load: 60 ms idle, 250-300 ms under load, measured);
     # until then requests skip peft. Outside adapters/, where versions live.
     engine.prepare_adapter(str(learner.save_adapter("adapter-shape")))
-    live = any(env.users == "live" for env in config.env.values())
-    judge = build_judge(config.judge, engine)
-    judges_by_env = {
-        name: build_judge(dataclasses.replace(config.judge, kind=env.judge), engine)
-        for name, env in config.env.items()
-        if env.judge is not None and env.judge != config.judge.kind
-    }
+    judges = build_judges(config.judge, config.env, engine)
     try:
-        with (
-            serve_policy(engine, store, _served(config, live), config.model.name) as (
-                url,
-                proxy,
-            ),
-            contextlib.closing(
-                ProxySeat(url, serve_key(config.serve), admin_key=proxy.admin_key)
-            ) as seat,
-            contextlib.closing(
-                ProxySeat(
-                    url,
-                    serve_key(config.serve),
-                    turn_type=TurnType.SIDE,
-                    admin_key=proxy.admin_key,
-                )
-            ) as eval_seat,
-            contextlib.ExitStack() as stack,
-        ):
-            simulated = {
-                name: with_run_endpoint(env, url, serve_key(config.serve))
-                for name, env in config.env.items()
-                if env.users == "simulated"
-            }
-            make_envs = {name: env_factory(env) for name, env in simulated.items()}
-            player = stack.enter_context(
-                rollout_player(config, simulated, url, proxy.admin_key, seat)
-            )
-            evaluator = Evaluator(
-                config.eval,
-                simulated,
-                env_factory,
-                eval_seat,
-                config.sampling,
-                metrics,
-                run_dir,
-                store,
-            )
-            pipeline = Pipeline(
-                config,
-                run_dir,
-                store,
-                learner,
-                judge,
-                judges_by_env,
-                make_envs,
-                player=player,
-                publish=proxy.publish_adapter,
-                metrics=metrics,
-                evaluator=evaluator,
-            )
+        with serving(config, engine, store) as served:
+            pipeline = build_pipeline(config, run_dir, store, learner, judges, served, metrics)
             with _live_progress(pipeline.progress, pipeline.total_steps):
                 pipeline.run(overlap=config.trainer.overlap)
-        # every step's row, the killed processes' too (this process holds only its own)
-        steps = step_rows(read_metrics(run_dir))
-        return RunSummary(
-            run_dir=str(run_dir),
-            method=config.method.name,
-            engine="tinker" if config.backend.kind == "tinker" else config.engine.backend,
-            steps=learner.step_count,
-            adapter_version=learner.version,
-            episodes=_episodes(store, config.env),
-            turns_collected=store.count_turns(),
-            turns_trained=store.count_turns(TurnStatus.TRAINED),
-            turns_dropped=store.count_turns(TurnStatus.DROPPED),
-            first_loss=steps[0]["loss"] if steps else None,
-            last_loss=steps[-1]["loss"] if steps else None,
-            recent_reward=round(pipeline.progress.mean_recent_reward, 4),
-            logprob_gap=_mean_gap(steps),
-            logprob_gap_max=max((s["logprob_gap_max"] for s in steps), default=None),
-            wall_s=round(time.monotonic() - started, 1),
-            envs=_env_summaries(pipeline.progress),
-            held_out=evaluator.before_after(),
-        )
+        return _summary(config, run_dir, store, pipeline, time.monotonic() - started)
     finally:
         metrics.close()
         store.close()
         engine.close()
 
 
-RUN_ENDPOINT = "run"
-"""`user_base_url: run` in an env's kwargs: its user model is the run's own policy server."""
-
-
-def with_run_endpoint(env: EnvConfig, url: str, api_key: str | None) -> EnvConfig:
-    """The env with `user_base_url: run` pointed at the run's proxy: a model-driven user
-    (tau2's) played by the policy's base model (adapter off: `base`, never trained; its
-    requests are side turns), as tau2 intends its user to be a model."""
-    if env.kwargs.get("user_base_url") != RUN_ENDPOINT:
-        return env
-    kwargs = env.kwargs | {"user_base_url": url, "user_api_key": api_key or "none"}
-    kwargs.setdefault("user_model", "base")  # the proxy's name for the adapter off
-    return dataclasses.replace(env, kwargs=kwargs)
-
-
-def _served(config: RunConfig, live: bool) -> ServeSection:
-    """Where the proxy listens: the configured address when clients are to reach it (live
-    users, `serve.enabled`, rollout workers of other machines: `cluster=ray` with a
-    `serve.host` beyond loopback), else any free loopback port for the run's own rollouts."""
-    serve = config.serve
-    remote_workers = config.cluster.kind == "ray" and serve.host not in LOOPBACK
-    if live or serve.enabled or remote_workers:
-        return serve
-    return dataclasses.replace(serve, host="127.0.0.1", port=0)
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def _learner_and_engine(config: RunConfig, run_dir: Path) -> tuple[Learner, Engine]:
-    """The learner and the engine serving the policy: the peft learner here and `engine=`,
-    or with `backend=tinker` both on a Tinker service (`trainers.tinker_learner`)."""
-    if config.backend.kind == "tinker":
-        from trainers.tinker_learner import tinker_backend
-
-        # a stand-in with the learner's interface for the loops (step, save_adapter,
-        # save_checkpoint, load_checkpoint, version, step_count, trained_seqs)
-        tinker_learner, tinker_engine = tinker_backend(config, run_dir)
-        return cast(Learner, tinker_learner), tinker_engine
-    learner = Learner(config.model.name, config.trainer, run_dir)
-    return learner, _policy_engine(config, learner)
-
-
-def _policy_engine(config: RunConfig, learner: Learner) -> Engine:
-    """The engine that serves the policy: vLLM replicas on Ray (`cluster.replicas`), or the
-    one `engine=` builds beside the learner (on a CPU, vLLM and the learner split the cores:
-    vLLM pins its OpenMP threads, and the learner's must not spin on the same ones)."""
-    if config.cluster.replicas:
-        from trainers.cluster import ray_replicas
-
-        if config.trainer.threads:
-            torch.set_num_threads(config.trainer.threads)
-        return ray_replicas(config.cluster, config.engine, config.model)
-    engine_cpus = None
-    if config.engine.backend == "vllm" and learner.device.type == "cpu":
-        if config.trainer.overlap:
-            learner_cpus, engine_cpus = split_cpus(own_cpus(), config.engine.threads)
-        else:  # the phases alternate, never computing at once: each takes every core
-            learner_cpus = engine_cpus = own_cpus()
-        torch.set_num_threads(config.trainer.threads or len(learner_cpus))
-        logger.info("cores: learner %s, vLLM %s", learner_cpus, engine_cpus)
-    elif config.trainer.threads:
-        torch.set_num_threads(config.trainer.threads)
-    return build_engine(
-        config.engine,
-        config.model,
-        shares_gpu_with_learner=learner.device.type == "cuda",
-        cpus=engine_cpus,
+def _summary(
+    config: RunConfig, run_dir: Path, store: Store, pipeline: Pipeline, wall_s: float
+) -> RunSummary:
+    """The run's summary, from its durable record and this process's pipeline."""
+    # every step's row, the killed processes' too (this process holds only its own)
+    steps = step_rows(read_metrics(run_dir))
+    learner, evaluator = pipeline.learner, pipeline.evaluator
+    return RunSummary(
+        run_dir=str(run_dir),
+        method=config.method.name,
+        engine="tinker" if config.backend.kind == "tinker" else config.engine.backend,
+        steps=learner.step_count,
+        adapter_version=learner.version,
+        episodes=_episodes(store, config.env),
+        turns_collected=store.count_turns(),
+        turns_trained=store.count_turns(TurnStatus.TRAINED),
+        turns_dropped=store.count_turns(TurnStatus.DROPPED),
+        first_loss=steps[0]["loss"] if steps else None,
+        last_loss=steps[-1]["loss"] if steps else None,
+        recent_reward=round(pipeline.progress.mean_recent_reward, 4),
+        logprob_gap=_mean_gap(steps),
+        logprob_gap_max=max((s["logprob_gap_max"] for s in steps), default=None),
+        wall_s=round(wall_s, 1),
+        envs=_env_summaries(pipeline.progress),
+        held_out=evaluator.before_after() if evaluator is not None else {},
     )
-
-
-@contextlib.contextmanager
-def cluster_session(config: RunConfig) -> Iterator[None]:
-    """Connected to Ray for the run where `cluster=ray` has anything to place on it (rollout
-    workers, replicas); nothing otherwise (Ray is not imported)."""
-    simulated = any(env.users == "simulated" for env in config.env.values())
-    if config.cluster.kind != "ray" or not (simulated or config.cluster.replicas):
-        yield
-        return
-    from trainers.cluster import ray_cluster
-
-    with ray_cluster(config.cluster):
-        yield
-
-
-@contextlib.contextmanager
-def rollout_player(
-    config: RunConfig,
-    envs: Mapping[str, EnvConfig],
-    url: str,
-    admin_key: str,
-    seat: ProxySeat,
-) -> Iterator[EpisodePlayer]:
-    """Where the run's episodes are played: threads of this process, or the rollout workers
-    of a Ray cluster (`cluster=ray`, trainers/cluster.py; Ray is imported only then)."""
-    if config.cluster.kind != "ray" or not envs:
-        yield LocalPlayer(seat)
-        return
-    from trainers.cluster import RayPlayer, worker_url  # Ray is connected (cluster_session)
-
-    key = serve_key(config.serve)
-    player = RayPlayer(config.cluster, envs, worker_url(url, config.cluster), key, admin_key, seat)
-    try:
-        yield player
-    finally:
-        player.close()
 
 
 def _env_summaries(progress: Progress) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ from trainers.advantages import (
     opd_advantages,
 )
 from trainers.config import MethodConfig
-from trainers.learner import TrainSample
+from trainers.learning import TrainSample
 
 
 @dataclass(frozen=True)

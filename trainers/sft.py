@@ -32,7 +32,8 @@ from agents.rollout import EpisodeSummary
 from agents.store import Store
 from agents.trajectory import Turn, TurnStatus, TurnType
 from trainers.config import SFTConfig, TrainerConfig
-from trainers.learner import Learner, StepMetrics, TrainSample
+from trainers.learner import Learner
+from trainers.learning import StepMetrics, TrainSample
 from trainers.metrics import CHECKPOINT_KEY, MetricsWriter, record
 from trainers.progress import Progress
 

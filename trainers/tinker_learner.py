@@ -1,8 +1,7 @@
 """The learner of `backend=tinker`: the method's LoRA steps taken by a Tinker service.
 
-It stands in for `trainers.learner.Learner` in the training loop (the same `step`,
-`save_adapter`, `save_checkpoint`, `load_checkpoint`, `version`, `step_count`,
-`trained_seqs`), and does each step through a Tinker training client: one
+It is a `trainers.learning.PolicyLearner`, as the local `trainers.learner.Learner` is, and
+does each step through a Tinker training client: one
 `forward_backward` with Tinker's `ppo` loss on the stored rollout log-probs and the method's
 per-token advantages, the ratio to the rollout kept in [1 - trainer.clip_low,
 1 + trainer.clip_high] (`ppo_config`), then `optim_step` (AdamW at `trainer.lr`, clipped at
@@ -31,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from agents import models
-from agents.engines.tinker import TINKER_POINTER, TinkerEngine
-from trainers.config import RunConfig, TrainerConfig
-from trainers.learner import StepMetrics, TrainSample, commit_checkpoint, newest_checkpoint
+from agents.engines.tinker import TINKER_POINTER
+from trainers.checkpoints import commit_checkpoint, newest_checkpoint
+from trainers.compute_config import BackendConfig
+from trainers.config import TrainerConfig
+from trainers.learning import StepMetrics, TrainSample
 
 logger = logging.getLogger(__name__)
 
@@ -133,22 +133,7 @@ class TinkerLearner:
         self.version += 1
         self.trained_seqs = tuple(s.seq for s in samples)
         self.ledger.append(list(self.trained_seqs))
-        gap, gap_max, gap_tokens = 0.0, 0.0, 0
-        clipped, completion_tokens = 0, 0
-        for sample, out in zip(samples, output.loss_fn_outputs, strict=True):
-            if not sample.completion_ids:
-                continue
-            learner = np.asarray(out["logprobs"].tolist()[-len(sample.completion_ids) :])
-            rollout = np.asarray(sample.rollout_logprobs)
-            ratio = np.exp(learner - rollout)
-            low, high = clip["clip_low_threshold"], clip["clip_high_threshold"]
-            clipped += int(((ratio < low) | (ratio > high)).sum())
-            completion_tokens += len(ratio)
-            if sample.policy_version != self.version - 1:
-                continue  # only turns the trained adapter sampled say how far it drifted
-            gaps = np.abs(learner - rollout)
-            gap, gap_max = gap + float(gaps.sum()), max(gap_max, float(gaps.max()))
-            gap_tokens += len(gaps)
+        drift = _drift(samples, output.loss_fn_outputs, clip, self.version - 1)
         advantages = [a for s in samples for a in s.advantages]
         return StepMetrics(
             step=self.step_count,
@@ -161,13 +146,21 @@ class TinkerLearner:
             # an entropy of, and no frozen starting weights to score them under
             kl_to_start=None,
             entropy=None,
-            clip_fraction=clipped / max(completion_tokens, 1),
+            clip_fraction=drift["clipped"] / max(drift["tokens"], 1),
             mean_advantage=sum(advantages) / max(len(advantages), 1),
-            logprob_gap=gap / max(gap_tokens, 1),
-            logprob_gap_max=gap_max,
+            logprob_gap=drift["gap"] / max(drift["gap_tokens"], 1),
+            logprob_gap_max=drift["gap_max"],
             grad_norm=float((optimised.metrics or {}).get("grad_norm:mean", 0.0)),
             seconds=round(time.monotonic() - started, 3),
         )
+
+    def start_from(self, adapter: str | Path) -> Path:
+        """Refused: a Tinker run starts from the base model (`validate` says so first).
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError(f"backend=tinker starts from the base model, not {adapter}")
 
     def save_adapter(self, name: str | None = None) -> Path:
         """Saves the weights for sampling on the service and writes their `tinker://` path to
@@ -210,26 +203,37 @@ class TinkerLearner:
         return state
 
 
-def tinker_backend(config: RunConfig, run_dir: Path) -> tuple[TinkerLearner, TinkerEngine]:
-    """The learner and the engine of `backend=tinker`, on one Tinker service client."""
-    import tinker
-    from transformers import AutoConfig
+def _drift(
+    samples: list[TrainSample], outputs: list[Any], clip: dict[str, float], trained: int
+) -> dict[str, float]:
+    """How far the service's log-probs (before the step) lie from the rollout's: tokens
+    whose ratio PPO clips (`clipped` of `tokens`), and the |learner - rollout| gap (sum,
+    largest, tokens) over turns that version `trained` sampled."""
+    sums = dict.fromkeys(("gap", "gap_max", "gap_tokens", "clipped", "tokens"), 0.0)
+    low, high = clip["clip_low_threshold"], clip["clip_high_threshold"]
+    for sample, out in zip(samples, outputs, strict=True):
+        if not sample.completion_ids:
+            continue
+        learner = np.asarray(out["logprobs"].tolist()[-len(sample.completion_ids) :])
+        rollout = np.asarray(sample.rollout_logprobs)
+        ratio = np.exp(learner - rollout)
+        sums["clipped"] += int(((ratio < low) | (ratio > high)).sum())
+        sums["tokens"] += len(ratio)
+        if sample.policy_version != trained:
+            continue  # only turns the trained adapter sampled say how far it drifted
+        gaps = np.abs(learner - rollout)
+        sums["gap"] += float(gaps.sum())
+        sums["gap_max"] = max(sums["gap_max"], float(gaps.max()))
+        sums["gap_tokens"] += len(gaps)
+    return sums
 
-    backend = config.backend
-    service = tinker.ServiceClient(
+
+def tinker_service(backend: BackendConfig) -> Any:
+    """A `tinker.ServiceClient` on `backend.base_url` (else $TINKER_BASE_URL, else Tinker's
+    own) with `backend.api_key` (else $TINKER_API_KEY)."""
+    import tinker
+
+    return tinker.ServiceClient(
         base_url=backend.base_url or os.environ.get("TINKER_BASE_URL") or None,
         api_key=backend.api_key or os.environ.get("TINKER_API_KEY"),
     )
-    base_model = backend.base_model or config.model.name
-    context = (
-        backend.context_length
-        or config.engine.context_length
-        or int(
-            AutoConfig.from_pretrained(models.resolve(config.model.name)).max_position_embeddings
-        )
-    )
-    learner = TinkerLearner(service, base_model, config.trainer, run_dir, config.seed)
-    tokenizer = models.load_tokenizer(config.model.name)
-    engine = TinkerEngine(service, base_model, tokenizer, context, owns_service=True)
-    logger.info("training %s on a Tinker service (rank %d)", base_model, config.trainer.lora_rank)
-    return learner, engine

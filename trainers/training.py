@@ -16,7 +16,7 @@ from agents.store import Store
 from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
 from trainers.config import MethodConfig, TrainerConfig
 from trainers.diagnostics import RewardGroups, mean_abs, nonzero_share, variance_share
-from trainers.learner import Learner, StepMetrics, TrainSample
+from trainers.learning import PolicyLearner, StepMetrics, TrainSample
 from trainers.metrics import CHECKPOINT_KEY, MetricsWriter, Record, record
 from trainers.progress import Progress, episode_summary
 from trainers.samples import (
@@ -59,7 +59,7 @@ class TrainLoop:
         method: MethodConfig,
         envs: Mapping[str, EnvConfig],
         weights: Mapping[str, RewardWeights],
-        learner: Learner,
+        learner: PolicyLearner,
         store: Store,
         publish: Publish,
         progress: Progress,

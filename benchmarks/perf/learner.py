@@ -129,7 +129,7 @@ def _plain_steps(
     from peft import LoraConfig, get_peft_model
 
     from agents import models
-    from trainers.learner import learner_dtype
+    from trainers.lora import learner_dtype
 
     base, _ = models.load(model_name)
     dtype = learner_dtype("auto", device, device == "cuda" and torch.cuda.is_bf16_supported())
@@ -160,7 +160,8 @@ def _learner_steps(
     """Seconds per step of `Learner.step` on `batch` turns of `tokens` (half prompt, its
     first `prefix` tokens the same in every turn)."""
     from trainers.config import TrainerConfig
-    from trainers.learner import Learner, TrainSample
+    from trainers.learner import Learner
+    from trainers.learning import TrainSample
 
     config = TrainerConfig(
         gradient_checkpointing=checkpointing,

@@ -55,7 +55,8 @@ from agents.seats import ProxySeat
 from agents.store import Store
 from agents.toolcalls import assistant_message
 from benchmarks.perf.rollout import TimedProgress, machine_busy_s
-from trainers.config import ClusterConfig, RolloutConfig, RunConfig
+from trainers.compute_config import ClusterConfig
+from trainers.config import RolloutConfig, RunConfig
 from trainers.rollouts import EnvSlot, EpisodePlayer, LocalPlayer, RolloutLoop
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,8 @@ from rich.table import Table
 
 from agents import models
 from trainers.config import TrainerConfig
-from trainers.learner import Learner, TrainSample
+from trainers.learner import Learner
+from trainers.learning import TrainSample
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +87,12 @@ def measure_tinker(model: str, config: TrainerConfig, samples: list[TrainSample]
     import tinker
 
     from trainers.tinker.app import in_thread
-    from trainers.tinker.engine import TinkerEngine
+    from trainers.tinker.service import TinkerService
     from trainers.tinker_learner import TinkerLearner
 
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with tempfile.TemporaryDirectory() as scratch:
-        server = TinkerEngine(model, Path(scratch) / "server")
+        server = TinkerService(model, Path(scratch) / "server")
         with (
             in_thread(server) as url,
             tinker.ServiceClient(base_url=url, api_key="tml-benchmark") as service,

@@ -5,6 +5,7 @@ import pytest
 from agents.compose import (
     build_engine,
     env_factory,
+    place_beside_learner,
     proxy_config,
     sampling_params,
     serve_policy,
@@ -106,3 +107,16 @@ def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key
 )
 def test_a_cpu_machine_splits_its_cores_between_learner_and_vllm(cpus, share, learner, engine):
     assert split_cpus(cpus, share) == (learner, engine)
+
+
+def test_only_vllm_beside_a_cpu_learner_takes_cores_of_its_own(monkeypatch):
+    import agents.engines.vllm
+
+    monkeypatch.setattr(agents.engines.vllm, "own_cpus", lambda: [0, 1, 2, 3])
+    vllm = EngineConfig(backend="vllm", threads=1)
+    assert place_beside_learner(vllm, learner_on_cpu=True) == ([0, 1, 2], [3])
+    # alternating phases never compute at once: each takes every core
+    every = [0, 1, 2, 3]
+    assert place_beside_learner(vllm, learner_on_cpu=True, overlap=False) == (every, every)
+    assert place_beside_learner(vllm, learner_on_cpu=False) == (None, None)
+    assert place_beside_learner(EngineConfig(), learner_on_cpu=True) == (None, None)

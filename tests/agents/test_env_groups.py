@@ -74,7 +74,7 @@ def test_several_groups_compose_into_a_mixture_each_under_its_name():
 
 
 def test_tau2s_user_is_the_runs_own_server_with_the_adapter_off():
-    from trainers.run import with_run_endpoint
+    from trainers.compose import with_run_endpoint
 
     tau2 = run_config("env=tau2").env["tau2"]
     assert (tau2.kwargs["user"], tau2.kwargs["user_base_url"]) == ("model", "run")

@@ -25,7 +25,8 @@ from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import SessionStatus
 from tests.trainers.test_run import ROOT, TEST_DEFAULTS, TINY
-from trainers.config import ClusterConfig, RunConfig, validate
+from trainers.compute_config import ClusterConfig
+from trainers.config import RunConfig, validate
 
 RAY = Path(sys.executable).with_name("ray")
 AUTH = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}

@@ -58,10 +58,10 @@ def test_a_run_on_the_embedded_engine_trains_its_learner_on_the_gpu(tmp_path):
 def test_the_tinker_servers_training_clients_train_on_the_gpu(tmp_path):
     import numpy as np
 
-    from trainers.tinker.engine import TinkerEngine
+    from trainers.tinker.service import TinkerService
     from trainers.tinker.wire import Datum
 
-    engine = TinkerEngine("tiny", tmp_path, device="cuda")
+    engine = TinkerService("tiny", tmp_path, device="cuda")
     engine.create_model("gpu:train:0", "tiny", rank=4)
     assert engine.learner("gpu:train:0").device.type == "cuda"
     tokens = (1, 5, 9, 200, 31, 7, 44, 45)

@@ -6,20 +6,18 @@ import torch
 from agents import models
 from agents.engines.base import POLICY
 from agents.engines.embedded import EmbeddedEngine
+from trainers.checkpoints import resolve_adapter
 from trainers.config import TrainerConfig, checkpointing_mode
-from trainers.learner import (
-    Learner,
-    TrainSample,
-    activation_bytes,
-    learner_device,
-    learner_dtype,
+from trainers.learner import Learner
+from trainers.learning import TrainSample
+from trainers.logprobs import (
     micro_batches,
     packed_turns,
     padded_tokens,
-    resolve_adapter,
     shared_prefix_length,
     token_logprobs,
 )
+from trainers.lora import activation_bytes, learner_device, learner_dtype
 
 PROMPT = (1, 5, 9, 200, 31, 7)
 COMPLETION = (44, 45, 46, 47, 12)
@@ -258,7 +256,7 @@ def test_published_adapter_serves_the_learners_log_probs(tmp_path):
 def test_the_mmap_threshold_is_fixed_on_glibc():
     import platform
 
-    from trainers.learner import set_mmap_threshold
+    from trainers.lora import set_mmap_threshold
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")

@@ -14,7 +14,7 @@ from agents import models
 from agents.store import Store
 from agents.trajectory import TurnStatus
 from tests.trainers.test_run import train
-from trainers.learner import token_logprobs
+from trainers.logprobs import token_logprobs
 
 pytestmark = pytest.mark.vllm
 

@@ -4,7 +4,7 @@ from agents.config import EnvConfig
 from agents.trajectory import Judgement, Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
 from trainers.config import MethodConfig
-from trainers.learner import TrainSample
+from trainers.learning import TrainSample
 from trainers.samples import RewardWeights, first_batch, reward_weights, select, turn_reward
 
 ROLLOUT = (-1.0, -2.0)

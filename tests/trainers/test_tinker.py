@@ -10,7 +10,7 @@ import tinker
 from tinker import types
 
 from trainers.tinker.app import build_app, in_thread
-from trainers.tinker.engine import TinkerEngine
+from trainers.tinker.service import TinkerService
 
 PROMPT = [1, 5, 9, 200, 31, 7]
 COMPLETION = [44, 45, 46, 47, 12]
@@ -28,7 +28,7 @@ def _inputs(**values: list) -> dict[str, types.TensorData]:
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory):
-    with in_thread(TinkerEngine("tiny", tmp_path_factory.mktemp("tinker-run"))) as url:
+    with in_thread(TinkerService("tiny", tmp_path_factory.mktemp("tinker-run"))) as url:
         yield url
 
 
@@ -225,7 +225,7 @@ def test_unknown_checkpoint_is_a_bad_request(service):
 def test_api_key_is_required_when_set(tmp_path):
     from fastapi.testclient import TestClient
 
-    client = TestClient(build_app(TinkerEngine("tiny", tmp_path), api_key="tml-secret"))
+    client = TestClient(build_app(TinkerService("tiny", tmp_path), api_key="tml-secret"))
     assert client.get("/api/v1/healthz").status_code == 401
     wrong = client.get("/api/v1/healthz", headers={"X-API-Key": "tml-other"})
     assert wrong.status_code == 401
@@ -236,7 +236,7 @@ def test_api_key_is_required_when_set(tmp_path):
 def test_malformed_protobuf_fails_its_future_as_a_user_error(tmp_path):
     from fastapi.testclient import TestClient
 
-    client = TestClient(build_app(TinkerEngine("tiny", tmp_path)))
+    client = TestClient(build_app(TinkerService("tiny", tmp_path)))
     headers = {"Content-Type": "application/x-protobuf"}
     future = client.post("/api/v1/forward_backward", content=b"\xff\x00junk", headers=headers)
     answer = client.post("/api/v1/retrieve_future", json=future.json()).json()

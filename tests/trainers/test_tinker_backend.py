@@ -17,15 +17,15 @@ from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import TurnStatus
 from tests.trainers.test_run import TEST_DEFAULTS, TINY, TINY_CHAT
+from trainers.compute_config import BackendConfig
 from trainers.config import (
-    BackendConfig,
     MethodConfig,
     RunConfig,
     SFTConfig,
     TrainerConfig,
     validate,
 )
-from trainers.learner import TrainSample
+from trainers.learning import TrainSample
 from trainers.tinker_learner import datum, ppo_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

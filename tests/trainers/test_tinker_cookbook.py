@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 from agents import models
 from trainers.tinker import checkpoints
 from trainers.tinker.app import in_thread
-from trainers.tinker.engine import TinkerEngine
 from trainers.tinker.errors import UserError
+from trainers.tinker.service import TinkerService
 
 rl_train = pytest.importorskip("tinker_cookbook.rl.train")
 from tinker_cookbook import renderers  # noqa: E402
@@ -52,7 +52,7 @@ CONVERSATIONS = [
 def server(tmp_path_factory):
     """The server as `python -m trainers.tinker model=tiny` runs it: (base_url, run_dir)."""
     run_dir = tmp_path_factory.mktemp("tinker-run")
-    with in_thread(TinkerEngine("tiny", run_dir), api_key="tml-cookbook") as url:
+    with in_thread(TinkerService("tiny", run_dir), api_key="tml-cookbook") as url:
         yield url, run_dir
 
 
@@ -219,7 +219,7 @@ def test_unseeded_samples_differ_and_seeded_ones_repeat(server, cookbook_env):
 
 def test_the_model_directory_names_the_served_model(tmp_path):
     """The cookbook sends its tokenizer directory as base_model; other names stay refused."""
-    engine = TinkerEngine("tiny", tmp_path)
+    engine = TinkerService("tiny", tmp_path)
     engine.check_model("tiny")
     engine.check_model(_tiny_dir())
     with pytest.raises(UserError, match="unknown base model"):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.tinker.engine import _check_datum, _check_loss_config, tinker_loss
 from trainers.tinker.errors import UserError
+from trainers.tinker.service import _check_datum, _check_loss_config, tinker_loss
 from trainers.tinker.wire import Datum
 
 LOGPROBS = torch.tensor([math.log(0.5), math.log(0.25)])

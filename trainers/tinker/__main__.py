@@ -81,15 +81,15 @@ def serve(config: TinkerServeConfig) -> None:
     import uvicorn
 
     from agents.compose import cuda_available
-    from trainers.learner import learner_device
+    from trainers.lora import learner_device
     from trainers.tinker.app import build_app
-    from trainers.tinker.engine import TinkerEngine
     from trainers.tinker.samplers import build_sampler
+    from trainers.tinker.service import TinkerService
 
     section = checked_section(config.tinker)
     device = learner_device(section.device, cuda_available())
     sampler = build_sampler(config.engine, config.model, shares_gpu=device == "cuda")
-    engine = TinkerEngine(
+    service = TinkerService(
         config.model.name, Path(section.run_dir), sampler, device=device, dtype=section.dtype
     )
     logger.info(
@@ -102,13 +102,13 @@ def serve(config: TinkerServeConfig) -> None:
     )
     try:
         uvicorn.run(
-            build_app(engine, section.api_key),
+            build_app(service, section.api_key),
             host=section.host,
             port=section.port,
             log_level="warning",
         )
     finally:
-        engine.close()
+        service.close()
 
 
 ConfigStore.instance().store(name="tinker_server_schema", node=TinkerServeConfig)

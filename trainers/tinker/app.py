@@ -1,4 +1,4 @@
-"""The Tinker REST API (the routes SDK 0.38 calls) over a `TinkerEngine`.
+"""The Tinker REST API (the routes SDK 0.38 calls) over a `TinkerService`.
 
 Every compute call returns a future at once ({"request_id": ...}); the work runs in order on
 one worker thread, and the SDK polls /api/v1/retrieve_future, which waits up to
@@ -24,8 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from trainers.tinker import checkpoints
-from trainers.tinker.engine import SamplingParams, TinkerEngine
 from trainers.tinker.errors import NotFound, UserError
+from trainers.tinker.service import SamplingParams, TinkerService
 from trainers.tinker.wire import decode_forward_backward, encode_forward_backward, encode_sample
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Futures:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def build_app(engine: TinkerEngine, api_key: str | None = None) -> FastAPI:
+def build_app(service: TinkerService, api_key: str | None = None) -> FastAPI:
     """The app; with `api_key`, every request must carry it as X-API-Key."""
     app = FastAPI(title="clawgym tinker")
     futures = Futures()
@@ -107,23 +107,24 @@ def build_app(engine: TinkerEngine, api_key: str | None = None) -> FastAPI:
     async def not_found(request: Request, error: NotFound) -> Response:
         return JSONResponse({"detail": str(error)}, status_code=404)
 
-    _service_routes(app, engine, futures)
-    _training_routes(app, engine, futures)
-    _sampling_routes(app, engine, futures)
-    _rest_routes(app, engine, futures)
+    _service_routes(app, service, futures)
+    _training_routes(app, service, futures)
+    _step_routes(app, service, futures)
+    _sampling_routes(app, service, futures)
+    _rest_routes(app, service, futures)
     return app
 
 
 @contextlib.contextmanager
 def in_thread(
-    engine: TinkerEngine, api_key: str | None = None, host: str = "127.0.0.1", port: int = 0
+    service: TinkerService, api_key: str | None = None, host: str = "127.0.0.1", port: int = 0
 ) -> Iterator[str]:
-    """Serves the Tinker API on `engine` from a thread of this process until the block ends
+    """Serves the Tinker API on `service` from a thread of this process until the block ends
     (tests, notebooks, a trainer beside its own server); port 0 takes a free one. Yields the
     base URL clients take as TINKER_BASE_URL."""
     from agents.serving.server import uvicorn_in_thread
 
-    app = build_app(engine, api_key)
+    app = build_app(service, api_key)
     try:
         with uvicorn_in_thread(app, host, port) as bound:
             yield f"http://{host}:{bound}"
@@ -131,7 +132,7 @@ def in_thread(
         app.state.futures.close()
 
 
-def _service_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
+def _service_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
     """Health, capabilities, the SDK's client config, sessions and futures."""
     sessions = itertools.count()
     constant: dict[str, dict] = {
@@ -150,7 +151,7 @@ def _service_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> Non
 
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities() -> dict:
-        return {"supported_models": engine.capabilities()}
+        return {"supported_models": service.capabilities()}
 
     @app.post("/api/v1/create_session")
     async def create_session() -> dict:
@@ -168,8 +169,8 @@ def _service_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> Non
         return await futures.answer(str((await _json(request)).get("request_id")))
 
 
-def _training_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
-    """Training clients: create, info, forward_backward, optim_step, save and load."""
+def _training_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
+    """Training clients: create, info, save and load (their steps: `_step_routes`)."""
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict:
@@ -180,7 +181,7 @@ def _training_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
         attn, mlp = bool(lora.get("train_attn", True)), bool(lora.get("train_mlp", True))
 
         def run() -> dict:
-            engine.create_model(model_id, str(body.get("base_model")), rank, seed, attn, mlp)
+            service.create_model(model_id, str(body.get("base_model")), rank, seed, attn, mlp)
             return {"type": "create_model", "model_id": model_id}
 
         return _future(futures.submit(run), model_id)
@@ -188,8 +189,8 @@ def _training_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict:
         model_id = str((await _json(request)).get("model_id"))
-        rank = engine.learner(model_id).model.peft_config["default"].r
-        data = {"model_name": engine.model_name, "tokenizer_id": engine.tokenizer_id()}
+        rank = service.learner(model_id).model.peft_config["default"].r
+        data = {"model_name": service.model_name, "tokenizer_id": service.tokenizer_id()}
         return {
             "type": "get_info",
             "model_id": model_id,
@@ -198,13 +199,41 @@ def _training_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
             "lora_rank": rank,
         }
 
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request) -> dict:
+        body = await _json(request)
+        model_id, name = str(body.get("model_id")), str(body.get("path") or "")
+
+        def run() -> dict:
+            return {"type": "save_weights", "path": service.save(model_id, "weights", name)}
+
+        return _future(futures.submit(run), model_id)
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict:
+        body = await _json(request)
+        model_id = (
+            body.get("model_id") or f"{body.get('session_id')}:train:{body.get('model_seq_id')}"
+        )
+        path, optimizer = str(body.get("path")), bool(body.get("optimizer"))
+
+        def run() -> dict:
+            service.load(model_id, path, optimizer)
+            return {"type": "load_weights", "path": path, "model_id": model_id}
+
+        return _future(futures.submit(run), model_id)
+
+
+def _step_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
+    """A training client's steps: forward_backward and optim_step."""
+
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict:
         body = await request.body()
 
         def run() -> bytes:
             call = decode_forward_backward(body)
-            outputs, metrics = engine.forward_backward(
+            outputs, metrics = service.forward_backward(
                 call.model_id, call.loss_fn, call.config, call.data, call.forward_only
             )
             return encode_forward_backward(outputs, metrics)
@@ -219,36 +248,12 @@ def _training_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
             raise UserError("optim_step needs adam_params; other optimizers are not served")
 
         def run() -> dict:
-            return {"type": "optim_step", "metrics": engine.optim_step(model_id, adam)}
-
-        return _future(futures.submit(run), model_id)
-
-    @app.post("/api/v1/save_weights")
-    async def save_weights(request: Request) -> dict:
-        body = await _json(request)
-        model_id, name = str(body.get("model_id")), str(body.get("path") or "")
-
-        def run() -> dict:
-            return {"type": "save_weights", "path": engine.save(model_id, "weights", name)}
-
-        return _future(futures.submit(run), model_id)
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request) -> dict:
-        body = await _json(request)
-        model_id = (
-            body.get("model_id") or f"{body.get('session_id')}:train:{body.get('model_seq_id')}"
-        )
-        path, optimizer = str(body.get("path")), bool(body.get("optimizer"))
-
-        def run() -> dict:
-            engine.load(model_id, path, optimizer)
-            return {"type": "load_weights", "path": path, "model_id": model_id}
+            return {"type": "optim_step", "metrics": service.optim_step(model_id, adam)}
 
         return _future(futures.submit(run), model_id)
 
 
-def _sampling_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
+def _sampling_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
     """Sampler checkpoints, sampling sessions and sample (compute_logprobs is a sample)."""
     ephemeral = itertools.count()
 
@@ -261,29 +266,29 @@ def _sampling_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
 
         def run() -> dict:
             if name is not None:
-                return {"path": engine.save(model_id, "sampler_weights", str(name))}
-            path = engine.save(model_id, "sampler_weights", snapshot)
-            return {"sampling_session_id": engine.open_sampler(path, None)}
+                return {"path": service.save(model_id, "sampler_weights", str(name))}
+            path = service.save(model_id, "sampler_weights", snapshot)
+            return {"sampling_session_id": service.open_sampler(path, None)}
 
         return _future(futures.submit(run), model_id)
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
         body = await _json(request)
-        sampler_id = engine.open_sampler(body.get("model_path"), body.get("base_model"))
+        sampler_id = service.open_sampler(body.get("model_path"), body.get("base_model"))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
     @app.get("/api/v1/samplers/{sampler_id}")
     async def sampler(sampler_id: str) -> dict:
-        if sampler_id not in engine.samplers:
+        if sampler_id not in service.samplers:
             raise UserError(f"unknown sampling session {sampler_id!r}")
-        path = engine.samplers[sampler_id]
-        return {"sampler_id": sampler_id, "base_model": engine.model_name, "model_path": path}
+        path = service.samplers[sampler_id]
+        return {"sampler_id": sampler_id, "base_model": service.model_name, "model_path": path}
 
     @app.post("/api/v1/asample")
     async def asample(request: Request) -> dict:
         body = await _json(request)
-        sampler_id = body.get("sampling_session_id") or engine.open_sampler(
+        sampler_id = body.get("sampling_session_id") or service.open_sampler(
             body.get("model_path"), body.get("base_model")
         )
         prompt = _prompt_tokens(body.get("prompt"))
@@ -291,17 +296,17 @@ def _sampling_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> No
         count, scored = int(body.get("num_samples", 1)), bool(body.get("prompt_logprobs"))
 
         def run() -> bytes:
-            return encode_sample(*engine.sample(sampler_id, prompt, count, params, scored))
+            return encode_sample(*service.sample(sampler_id, prompt, count, params, scored))
 
         request_id = futures.submit(run)
         ids = [f"{request_id}-{i}" for i in range(count)]
         return _future(request_id) | {"sample_sequence_ids": ids}
 
 
-def _rest_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
+def _rest_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
     """The RestClient's training runs and checkpoints, read from the run directory (so a
     restarted server lists its earlier runs too)."""
-    run_dir = engine.run_dir
+    run_dir = service.run_dir
 
     @app.get("/api/v1/training_runs")
     async def list_training_runs(limit: int = 20, offset: int = 0) -> dict:
@@ -322,7 +327,7 @@ def _rest_routes(app: FastAPI, engine: TinkerEngine, futures: Futures) -> None:
 
     @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
     async def delete_checkpoint(model_id: str, checkpoint_id: str) -> None:
-        await futures.run(partial(engine.delete_checkpoint, model_id, checkpoint_id))
+        await futures.run(partial(service.delete_checkpoint, model_id, checkpoint_id))
 
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request) -> dict:

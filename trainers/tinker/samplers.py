@@ -290,12 +290,10 @@ def build_sampler(engine: EngineConfig, model: ModelConfig, shares_gpu: bool = F
         raise ValueError(
             f"engine={engine.backend} cannot sample for the Tinker server: use embedded or vllm"
         )
-    from agents.compose import build_engine, cuda_available, split_cpus
-    from agents.engines.vllm_command import own_cpus
+    from agents.compose import build_engine, cuda_available, place_beside_learner
 
-    cpus = None
-    if not cuda_available():
-        learner_cpus, cpus = split_cpus(own_cpus(), engine.threads)
+    learner_cpus, cpus = place_beside_learner(engine, learner_on_cpu=not cuda_available())
+    if learner_cpus is not None:
         torch.set_num_threads(len(learner_cpus))
         logger.info("cores: learner %s, vLLM %s", learner_cpus, cpus)
     vllm = build_engine(engine, model, shares_gpu_with_learner=shares_gpu, cpus=cpus)

@@ -11,14 +11,14 @@ from agents import models
 from agents.engines.base import BASE, Completion, ContextExceeded, SamplingParams
 from agents.engines.tinker import TINKER_POINTER, TinkerEngine
 from trainers.tinker.app import in_thread
-from trainers.tinker.engine import TinkerEngine as TinkerServerEngine
+from trainers.tinker.service import TinkerService
 
 CHAT = [{"role": "user", "content": "What is two plus two?"}]
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    server_engine = TinkerServerEngine("tiny", tmp_path_factory.mktemp("tinker-server"))
+    server_engine = TinkerService("tiny", tmp_path_factory.mktemp("tinker-server"))
     with in_thread(server_engine) as url, pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINKER_TELEMETRY", "0")
         with tinker.ServiceClient(base_url=url, api_key="tml-x") as client:

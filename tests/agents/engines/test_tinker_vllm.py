@@ -9,8 +9,8 @@ from tinker import types
 
 from tests.agents.engines.test_vllm import loaded_loras
 from trainers.tinker.app import in_thread
-from trainers.tinker.engine import TinkerEngine
 from trainers.tinker.samplers import VLLMSampler
+from trainers.tinker.service import TinkerService
 
 pytestmark = pytest.mark.vllm
 
@@ -22,7 +22,7 @@ COMPLETION = [44, 45, 46, 47, 12]
 def service(vllm_engine, tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
     sampler = VLLMSampler(vllm_engine, max_lora_rank=16)
-    with in_thread(TinkerEngine("tiny", tmp_path / "tinker", sampler)) as url:
+    with in_thread(TinkerService("tiny", tmp_path / "tinker", sampler)) as url:
         with tinker.ServiceClient(base_url=url, api_key="tml-vllm") as client:
             yield client
     # the session's vLLM server outlives the test: it is left serving what it served before

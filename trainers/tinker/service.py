@@ -76,8 +76,9 @@ def tinker_loss(
     return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
-class TinkerEngine:
-    """Training clients and samplers on one base model.
+class TinkerService:
+    """The service behind clawgym's Tinker API (`trainers.tinker.app`): training clients
+    and samplers on one base model.
 
     Args:
         model_name: the base model served, as `agents.models.resolve` takes it.
