@@ -33,8 +33,8 @@ from agents.compose import (
 )
 from agents.config import EnvConfig, ServeSection
 from agents.engines.base import Engine
-from agents.proxy import LIVE_ENV_ID, Proxy
 from agents.seats import ProxySeat
+from agents.serving.proxy import LIVE_ENV_ID, Proxy
 from agents.store import Store
 from agents.trajectory import TurnType
 from trainers.compute_config import ClusterConfig
