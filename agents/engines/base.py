@@ -1,4 +1,5 @@
-"""The engine interface (DESIGN.md, "Engine"): one contract for vLLM, embedded and remote.
+"""The engine interface (docs/architecture.md, "Engine"): one contract for vLLM, embedded,
+remote and Tinker.
 
 An engine samples completions token-exactly: the ids and log-probs it returns are the
 ones it sampled, so the learner can recompute log-probs on the very same ids.
