@@ -110,9 +110,9 @@ def test_a_cpu_machine_splits_its_cores_between_learner_and_vllm(cpus, share, le
 
 
 def test_only_vllm_beside_a_cpu_learner_takes_cores_of_its_own(monkeypatch):
-    import agents.engines.vllm
+    import agents.engines.vllm_command
 
-    monkeypatch.setattr(agents.engines.vllm, "own_cpus", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(agents.engines.vllm_command, "own_cpus", lambda: [0, 1, 2, 3])
     vllm = EngineConfig(backend="vllm", threads=1)
     assert place_beside_learner(vllm, learner_on_cpu=True) == ([0, 1, 2], [3])
     # alternating phases never compute at once: each takes every core
