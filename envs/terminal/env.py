@@ -19,6 +19,7 @@ from envs.sandbox import (
     SandboxConfig,
     SandboxError,
     SandboxPool,
+    close_held,
     closed_on_failure,
     make_sandbox,
     resolve_backend,
@@ -93,7 +94,7 @@ class TerminalEnv(AgentEnv):
         return list(self.tasks)
 
     def _load_task(self, task_id: str) -> None:
-        self._close_sandbox()
+        close_held(self, "sandbox")
         self.task = self.tasks[task_id]
         self.sandbox = self._make_sandbox(self.task)
         prepare(self.sandbox, self.task)
@@ -215,13 +216,8 @@ class TerminalEnv(AgentEnv):
             sandbox.start()
         return sandbox
 
-    def _close_sandbox(self) -> None:
-        sandbox, self.sandbox = self.sandbox, None
-        if sandbox is not None:
-            sandbox.close()
-
     def close(self) -> None:
-        self._close_sandbox()
+        close_held(self, "sandbox")
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             pool.close()
