@@ -9,7 +9,7 @@ What it isolates:
   places, and the host's home directories, /work, /root, /var, runs and stores are simply
   not there;
 - disk: /tmp and the writable directories are host directories under one temporary root,
-  held together to `disk_mb` and `max_files` (measured from the host; see base.py for how
+  held together to `disk_mb` and `max_files` (measured from the host; see shell.py for how
   commands are stopped); a size-limited tmpfs would bound them in the kernel, but the
   host reads and writes those directories (files, trees, graders), and a tmpfs is memory;
 - processes: pid, ipc, uts and user namespaces; the sandbox cannot see or signal host

@@ -14,7 +14,7 @@ What it isolates:
   no capabilities beyond file ownership and signals, `no-new-privileges`;
 - disk: the container's writable layer (every file it wrote or changed, anywhere: /tmp,
   the workspace, /root) is held to `disk_mb` and `max_files`, measured from the host in
-  overlay2's upper directory (see base.py for how commands are stopped); `--storage-opt
+  overlay2's upper directory (see shell.py for how commands are stopped); `--storage-opt
   size=` would need overlay2 on XFS with project quotas, and a tmpfs over the workspace
   would hide the image's tree there (a SWE project's /testbed).
 
