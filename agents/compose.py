@@ -105,34 +105,46 @@ def build_engine(
             prefix_cache_tokens=engine.prefix_cache_tokens,
         )
     if engine.backend == "vllm":
-        from agents.engines.vllm import VLLMEngine
-
-        on_gpu = cuda_available()
-        usage = engine.gpu_memory_utilization
-        if usage is None and on_gpu and shares_gpu_with_learner:
-            usage = LEARNER_GPU_SHARE
-        return VLLMEngine(
-            model.name,
-            python=engine.python,
-            max_loras=engine.max_loras,
-            max_lora_rank=engine.max_lora_rank,
-            lora_target_modules=tuple(engine.lora_target_modules),
-            max_model_len=engine.context_length or 4096,
-            # fp32 on a CPU: bf16 is 50x slower there, and the learner's log-probs match
-            dtype=engine.dtype if on_gpu or engine.dtype != "auto" else "float32",
-            kv_cache_gib=engine.kv_cache_gib,
-            gpu_memory_utilization=usage if on_gpu else None,
-            whole_prefills=not on_gpu,
-            cpus=None if on_gpu else cpus,
-            startup_timeout=engine.startup_timeout,
-            host=host,
-            api_key=api_key,
-        )
+        return _vllm_engine(engine, model, shares_gpu_with_learner, cpus, host, api_key)
     from agents.engines.remote import RemoteEngine
 
     assert engine.base_url is not None  # validate_engine requires it
     return RemoteEngine(
         engine.base_url, model.name, api_key=engine.api_key, token_ids=engine.token_ids
+    )
+
+
+def _vllm_engine(
+    engine: EngineConfig,
+    model: ModelConfig,
+    shares_gpu_with_learner: bool,
+    cpus: Sequence[int] | None,
+    host: str,
+    api_key: str | None,
+) -> Engine:
+    """`build_engine` for `backend=vllm`: on a GPU or, with `cpus`, on a CPU."""
+    from agents.engines.vllm import VLLMEngine
+
+    on_gpu = cuda_available()
+    usage = engine.gpu_memory_utilization
+    if usage is None and on_gpu and shares_gpu_with_learner:
+        usage = LEARNER_GPU_SHARE
+    return VLLMEngine(
+        model.name,
+        python=engine.python,
+        max_loras=engine.max_loras,
+        max_lora_rank=engine.max_lora_rank,
+        lora_target_modules=tuple(engine.lora_target_modules),
+        max_model_len=engine.context_length or 4096,
+        # fp32 on a CPU: bf16 is 50x slower there, and the learner's log-probs match
+        dtype=engine.dtype if on_gpu or engine.dtype != "auto" else "float32",
+        kv_cache_gib=engine.kv_cache_gib,
+        gpu_memory_utilization=usage if on_gpu else None,
+        whole_prefills=not on_gpu,
+        cpus=None if on_gpu else cpus,
+        startup_timeout=engine.startup_timeout,
+        host=host,
+        api_key=api_key,
     )
 
 

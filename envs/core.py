@@ -1,4 +1,5 @@
-"""The environment contract every clawgym env follows (DESIGN.md, "Environment").
+"""The environment contract every clawgym env follows (docs/architecture.md, "Contracts":
+Environment).
 
 An episode is a conversation. `reset` returns the first messages the agent sees and, in
 `info["tools"]`, the OpenAI tool schemas it may call; `step` takes one assistant message

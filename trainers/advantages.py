@@ -3,8 +3,9 @@
 - binary: one scalar reward per turn (judge majority, environment outcome, or both),
   minus the group mean when several rollouts of one task share a group (GRPO);
   a turn alone in its group keeps its reward (live conversations have no baseline).
-- OPD: per token, the teacher's log-prob minus the rollout's (REFERENCE.md).
-- combine: w_opd * (teacher - rollout) + w_rl * reward, dispatched as in REFERENCE.md.
+- OPD: per token, the teacher's log-prob minus the rollout's (the teacher is the base
+  model given the judge's hint).
+- combine: w_opd * (teacher - rollout) + w_rl * reward, dispatched by `combine_advantages`' table.
 
 Every function takes and returns tensors (or plain numbers) and nothing else.
 """
@@ -71,7 +72,7 @@ def combine_advantages(
     w_opd: float = 1.0,
     w_rl: float = 1.0,
 ) -> torch.Tensor | None:
-    """REFERENCE.md's combine dispatch for one turn; None means the turn is dropped.
+    """The combine method's advantage for one turn; None means the turn is dropped.
 
     | hint accepted (teacher given) | score   | advantage                          |
     | yes                           | +1 / -1 | w_opd * (teacher - rollout) + w_rl * score |

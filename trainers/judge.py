@@ -1,4 +1,5 @@
-"""The judge: scores a turn by its next state, and writes OPD hints (REFERENCE.md).
+"""The judge: scores a turn by its next state, and writes OPD hints (docs/architecture.md,
+"Learning methods").
 
 - Votes: m samples of the score prompt at temperature 0.6; each answer is read from its
   last `\\boxed{}`; unparsable votes are ignored; the majority wins; a tie or no valid vote

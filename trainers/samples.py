@@ -1,4 +1,4 @@
-"""From judged turns to training samples, per method (REFERENCE.md's rules).
+"""From judged turns to training samples, per method (docs/architecture.md, "Learning methods").
 
 A turn's reward mixes the judge's per-step score and its episode's outcome reward with its
 env's weights (`RewardWeights`, `advantages.mix_rewards`); in a mixture each session's env

@@ -235,6 +235,21 @@ def _together(jobs: list[Callable[[], None]]) -> None:
         raise errors[0]
 
 
+_COLUMNS = (
+    "case",
+    "envs",
+    "reset p50 ms",
+    "reset p99 ms",
+    "step p50 ms",
+    "step p99 ms",
+    "steps/s",
+    "ratio",
+    "CPU ms/step",
+    "CPU ratio",
+)
+Case = tuple[str, int, Callable[[str], Driver], str]  # name, envs, driver, role
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="click-test,click-button,enter-text,choose-list")
@@ -245,14 +260,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved runs of every case")
     args = parser.parse_args()
     tasks = args.tasks.split(",")
-    cases: list[tuple[str, int, Callable[[str], Driver], str]] = []
-    for envs in (int(n) for n in args.parallel.split(",")):
+    cases = _cases([int(n) for n in args.parallel.split(",")], args.screenshots)
+    results: list[Result | None] = [None] * len(cases)
+    for _ in range(args.rounds):  # interleaved, so a burst of load elsewhere hits every case
+        for index, (_, envs, make, _) in enumerate(cases):
+            run = run_case(make, tasks, envs, args.episodes, args.steps)
+            previous = results[index]
+            results[index] = run if previous is None else previous + run
+    table = Table(
+        title=f"GUI envs on {', '.join(tasks)}: {args.rounds} rounds of {args.episodes} "
+        f"episodes x {args.steps} steps per env",
+        caption=TARGETS,
+    )
+    for column in _COLUMNS:
+        table.add_column(column, justify="left" if column == "case" else "right")
+    _add_rows(table, cases, results)
+    Console(width=150).print(table)
+
+
+def _cases(parallel: list[int], screenshots: bool) -> list[Case]:
+    """Every case to run: each env kind at each number of envs, and the screenshot ones."""
+    cases: list[Case] = []
+    for envs in parallel:
         cases += [
             ("miniwob Selenium env (baseline)", envs, SeleniumDriver, "baseline"),
             ("clawgym GUI-v0", envs, ClawgymDriver, "ours"),
             ("clawgym GUI-v0, reuse_page=False", envs, _fresh_pages, "ours"),
         ]
-    if args.screenshots:
+    if screenshots:
         cases += [
             (
                 "miniwob Selenium env + screenshots",
@@ -267,30 +302,11 @@ def main() -> None:
                 "ours",
             ),
         ]
-    table = Table(
-        title=f"GUI envs on {', '.join(tasks)}: {args.rounds} rounds of {args.episodes} "
-        f"episodes x {args.steps} steps per env",
-        caption=TARGETS,
-    )
-    for column in (
-        "case",
-        "envs",
-        "reset p50 ms",
-        "reset p99 ms",
-        "step p50 ms",
-        "step p99 ms",
-        "steps/s",
-        "ratio",
-        "CPU ms/step",
-        "CPU ratio",
-    ):
-        table.add_column(column, justify="left" if column == "case" else "right")
-    results: list[Result | None] = [None] * len(cases)
-    for _ in range(args.rounds):  # interleaved, so a burst of load elsewhere hits every case
-        for index, (_, envs, make, _) in enumerate(cases):
-            run = run_case(make, tasks, envs, args.episodes, args.steps)
-            previous = results[index]
-            results[index] = run if previous is None else previous + run
+    return cases
+
+
+def _add_rows(table: Table, cases: list[Case], results: list[Result | None]) -> None:
+    """A row per case, its ratios against the baseline case before it."""
     baseline = results[0]
     for (name, envs, _, role), result in zip(cases, results, strict=True):
         if result is None or baseline is None:
@@ -309,7 +325,6 @@ def main() -> None:
             f"{result.cpu_ms_per_step:.1f}",
             f"{baseline.cpu_ms_per_step / result.cpu_ms_per_step:.2f}x",
         )
-    Console(width=150).print(table)
 
 
 if __name__ == "__main__":

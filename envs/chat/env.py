@@ -7,7 +7,7 @@ when the user is done with their last question, and is truncated when the turn b
 runs out. No tools: a plain-text reply is the action.
 
 Rewards. The env's reward is always 0: this env's training signal is the judge's reading
-of the user's next message (DESIGN.md, "Learning methods"). The persona's programmatic
+of the user's next message (docs/architecture.md, "Learning methods"). The persona's programmatic
 preference score (`envs.chat.personas`) is ground truth for EVALUATION ONLY, exposed in
 `info`, never as reward:
 

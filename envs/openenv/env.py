@@ -1,15 +1,17 @@
-"""`clawgym/OpenEnv-v0`: an `AgentEnv` that plays an environment served over OpenEnv.
+"""`clawgym/OpenEnv-v0`: a Gymnasium env that plays an environment served over OpenEnv.
 
 `gym.make("clawgym/OpenEnv-v0", base_url="http://host:8010", api_key=...)` opens one
 OpenEnv WebSocket session (one env instance on the server) and relays `reset` and `step`
 through it, so clawgym's agents and trainers play envs served elsewhere: by
 `python -m envs.openenv serve`, or by any OpenEnv server speaking the same chat messages
 (`envs.openenv.protocol`). The remote env runs the whole contract (tools, turn budget,
-grading); this class only relays, which is why it overrides `reset` and `step` rather than
-implementing `AgentEnv`'s hooks. A step the server cannot answer (the connection dropped,
-the server errored) ends the episode, truncated, with an error observation and
-`info["aborted"]`, as `AgentEnv` does for a tool that raises. It has no reference agent: the
-answer key stays on the server.
+grading), so this class is a plain `gymnasium.Env` that relays `reset` and `step`, not an
+`AgentEnv`: it has none of the hooks an env that runs its own tasks implements. Its spaces
+are `AgentEnv`'s (messages in, an assistant message out, the tools the server listed). A
+step the server cannot answer (the connection dropped, the server errored) ends the
+episode, truncated, with an error observation and `info["aborted"]`, as `AgentEnv` does for
+a tool that raises. It has no reference agent (no `reference_agent`): the answer key stays
+on the server.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from envs.core import Action, AgentEnv, AssistantActionSpace, Message, error_message
+from envs.core import Action, AssistantActionSpace, Message, MessagesSpace, error_message
 from envs.openenv.protocol import ChatAction, ChatEnvClient
 
 logger = logging.getLogger(__name__)
 
 
-class OpenEnvEnv(AgentEnv):
+class OpenEnvEnv(gym.Env[list[Message], Action]):
     """A remote env, played over OpenEnv.
 
     Args:
@@ -35,8 +37,13 @@ class OpenEnvEnv(AgentEnv):
         timeout: seconds one reset or step may take on the server.
     """
 
+    metadata: dict[str, Any] = {"render_modes": []}
+
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0):
-        super().__init__()
+        self.observation_space = MessagesSpace()
+        self.action_space = AssistantActionSpace()
+        self.task_id: str | None = None
+        self._turn, self._finished = 0, True
         self.base_url = base_url
         self._client = ChatEnvClient(base_url, api_key=api_key, message_timeout_s=timeout).sync()
         self._connected = False
@@ -44,7 +51,7 @@ class OpenEnvEnv(AgentEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        gym.Env.reset(self, seed=seed)  # the np_random; AgentEnv.reset would pick a task here
+        super().reset(seed=seed)  # the np_random; the server picks the task
         data: dict[str, Any] = {"seed": seed} if seed is not None else {}
         if options:
             data["options"] = options

@@ -2,15 +2,10 @@
 (`bwrap`, `docker`), and `make_sandbox` to pick one by name ("auto": docker when a daemon
 answers, else bwrap)."""
 
-from envs.sandbox.base import (
-    ExecResult,
-    Sandbox,
-    SandboxClosed,
-    SandboxConfig,
-    SandboxError,
-    closed_on_failure,
-)
+from envs.sandbox.base import Sandbox, closed_on_failure
+from envs.sandbox.cleanup import close_held
 from envs.sandbox.factory import SandboxPool, make_sandbox, resolve_backend
+from envs.sandbox.records import ExecResult, SandboxClosed, SandboxConfig, SandboxError
 
 __all__ = [
     "ExecResult",
@@ -19,6 +14,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "SandboxPool",
+    "close_held",
     "closed_on_failure",
     "make_sandbox",
     "resolve_backend",

@@ -9,14 +9,14 @@ What it isolates:
   places, and the host's home directories, /work, /root, /var, runs and stores are simply
   not there;
 - disk: /tmp and the writable directories are host directories under one temporary root,
-  held together to `disk_mb` and `max_files` (measured from the host; see base.py for how
+  held together to `disk_mb` and `max_files` (measured from the host; see shell.py for how
   commands are stopped); a size-limited tmpfs would bound them in the kernel, but the
   host reads and writes those directories (files, trees, graders), and a tmpfs is memory;
 - processes: pid, ipc, uts and user namespaces; the sandbox cannot see or signal host
   processes, and every process dies with the sandbox (`--die-with-parent`, and a kill of
   the whole tree on close); the root directory and cgroups of a sandbox whose owning
   process died without closing it (named after that process's pid and start time) are
-  removed by the first sandbox of a later process (`reap_orphans`);
+  removed by the first sandbox of a later process (`cleanup.reap_bwrap_orphans`);
 - environment: bwrap itself, its init and the shell start from an explicit environment
   (PATH, HOME, LANG, TERM and the config's `env`), so none of the trainer's variables (API
   keys of a judge or W&B) is readable, not even in `/proc/1/environ`;
@@ -43,7 +43,6 @@ import logging
 import os
 import selectors
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -52,22 +51,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from envs.sandbox.base import (
-    STDERR,
-    STDOUT,
-    DiskUsage,
-    Sandbox,
-    SandboxConfig,
-    SandboxError,
-    ShellChannel,
-)
+from envs.sandbox.base import Sandbox
+from envs.sandbox.cleanup import BWRAP_PREFIX, reap_bwrap_orphans, remove_tree
 from envs.sandbox.limits import (
     HostLimits,
-    cgroups_named,
     disk_usage,
-    process_start_time,
-    remove_cgroups,
 )
+from envs.sandbox.processes import (
+    children,
+    descendants,
+    kill,
+    kill_until_gone,
+    process_start_time,
+    processes_of_uid,
+    zombie,
+)
+from envs.sandbox.records import DiskUsage, SandboxConfig, SandboxError
+from envs.sandbox.shell import STDERR, STDOUT, ShellChannel
 from envs.sandbox.trees import pack_directory, unpack_directory
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,6 @@ _SPAWNER_LOCK = threading.Lock()
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _SHM_BYTES = 64 * 1024 * 1024  # Docker's default size of /dev/shm
-_PREFIX = "clawgym-bwrap-"  # sandbox roots are _PREFIX + "<pid>-<start time>-<random>"
 _reaped = threading.Event()
 
 
@@ -161,9 +160,9 @@ class BwrapSandbox(Sandbox):
             raise SandboxError("bubblewrap is not installed; run scripts/setup.sh as root")
         if not _reaped.is_set():
             _reaped.set()
-            reap_orphans()
+            reap_bwrap_orphans()
         pid = os.getpid()
-        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{pid}-{process_start_time(pid)}-"))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{pid}-{process_start_time(pid)}-"))
         self.root.chmod(0o711)  # the sandbox uid must reach its mounts, not list them
         self.uid = _sandbox_uid()
         self.mounts = self._make_mounts()
@@ -235,9 +234,9 @@ class BwrapSandbox(Sandbox):
         if process is None:
             return
         if not keep_shell:
-            victims = [process.pid, *_descendants(process.pid)]
+            victims = [process.pid, *descendants(process.pid)]
             victims += [p for p in self.limits.pids() if p not in victims]
-            _kill(victims)
+            kill(victims)
             self._reap(process)
             return
         # A fork bomb forks between the listing of its processes and their killing, and the
@@ -245,14 +244,14 @@ class BwrapSandbox(Sandbox):
         # no process but the shell is left (each round leaves fewer that can fork).
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            tree = _descendants(process.pid)
+            tree = descendants(process.pid)
             # the outer bwrap, its pid-1 init and the shell (the init's only child) stay
             init = tree[0] if tree else None
-            shell = _children(init)[:1] if init else []
-            victims = [p for p in tree if p not in (init, *shell) and not _zombie(p)]
+            shell = children(init)[:1] if init else []
+            victims = [p for p in tree if p not in (init, *shell) and not zombie(p)]
             if not victims:
                 return
-            _kill(victims)
+            kill(victims)
         logger.warning("bwrap sandbox %s: processes still forking after 5 s of kills", process.pid)
 
     def _reap(self, process: subprocess.Popen[bytes]) -> None:
@@ -260,18 +259,9 @@ class BwrapSandbox(Sandbox):
             process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             logger.warning("bwrap sandbox %s did not exit after SIGKILL", process.pid)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            # the dedicated uid's live processes, or else the cgroups' members
-            left = _processes_of_uid(self.uid) if os.geteuid() == 0 else self.limits.pids()
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.005)
+        # the dedicated uid's live processes, or else the cgroups' members
+        left = (lambda: processes_of_uid(self.uid)) if os.geteuid() == 0 else self.limits.pids
+        kill_until_gone(left, 0.005)
         self._process = None
 
     def _release(self) -> None:
@@ -359,20 +349,6 @@ class BwrapSandbox(Sandbox):
         return host_dir.joinpath(*parts)
 
 
-def remove_tree(root: Path) -> None:
-    """Removes a sandbox's host directory whatever the agent made of it: `rm` walks a
-    thousand-level tree that `shutil.rmtree` meets with a `RecursionError`, and the
-    permissions it took away (chmod 000) are given back first where we are not root."""
-    if not root.exists():
-        return
-    command = ["rm", "-rf", "--one-file-system", "--", str(root)]
-    if subprocess.run(command, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["chmod", "-R", "u+rwx", "--", str(root)], capture_output=True, check=False)
-        result = subprocess.run(command, capture_output=True, check=False)
-        if result.returncode != 0:
-            logger.warning("cannot remove %s: %s", root, result.stderr.decode(errors="replace"))
-
-
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
     # An explicit, empty environment: bwrap's own init (pid 1 inside) is a fork of bwrap, so
     # `/proc/1/environ` shows whatever bwrap was started with, whatever `--clearenv` does
@@ -438,80 +414,3 @@ def _reason(error: OSError) -> str:
     if error.errno == errno.ENOTDIR:
         return "a component is not a directory (symbolic links are not followed)"
     return os.strerror(error.errno or 0).lower()
-
-
-def _processes_of_uid(uid: int) -> set[int]:
-    """Live processes of `uid` (zombies, already dead and awaiting their reaper, are not)."""
-    found = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    stat = Path(entry.path, "stat").read_text()
-                    if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                        found.add(int(entry.name))
-            except (OSError, IndexError):
-                continue
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
-def _zombie(pid: int) -> bool:
-    """Whether a process is dead and waits for its parent (or is gone): none to kill."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("Z", "X")
-
-
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every descendant of `pid`, parents before children."""
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        children = [c for p in frontier for c in _children(p)]
-        found += children
-        frontier = children
-    return found
-
-
-def reap_orphans() -> list[str]:
-    """Removes the sandbox roots (in the temporary directory) and cgroups whose owning
-    process is gone, killing what still runs in those cgroups first; returns their names.
-    Owners are processes of this machine's pid namespace, as those sharing its /tmp are."""
-    roots = {path.name: path for path in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*")}
-    groups = cgroups_named(_PREFIX)
-    orphans = sorted(name for name in roots.keys() | groups.keys() if not _owner_alive(name))
-    for name in orphans:
-        remove_cgroups(groups.get(name, []))
-        if name in roots and roots[name].is_dir() and not roots[name].is_symlink():
-            remove_tree(roots[name])
-    if orphans:
-        logger.info("reaped %d orphaned bwrap sandboxes", len(orphans))
-    return orphans
-
-
-def _owner_alive(name: str) -> bool:
-    """Whether the process that made the sandbox root or cgroup `name` still runs: its pid,
-    and its start time where the name has one (older names had only the pid)."""
-    fields = name[len(_PREFIX) :].split("-")
-    if not fields[0].isdigit():
-        return True  # not a name of ours: left alone
-    started = process_start_time(int(fields[0]))
-    return started != "" and (len(fields) < 3 or fields[1] == started)

@@ -14,7 +14,7 @@ What it isolates:
   no capabilities beyond file ownership and signals, `no-new-privileges`;
 - disk: the container's writable layer (every file it wrote or changed, anywhere: /tmp,
   the workspace, /root) is held to `disk_mb` and `max_files`, measured from the host in
-  overlay2's upper directory (see base.py for how commands are stopped); `--storage-opt
+  overlay2's upper directory (see shell.py for how commands are stopped); `--storage-opt
   size=` would need overlay2 on XFS with project quotas, and a tmpfs over the workspace
   would hide the image's tree there (a SWE project's /testbed).
 
@@ -35,7 +35,6 @@ import io
 import logging
 import os
 import select
-import signal
 import socket
 import tarfile
 import threading
@@ -45,16 +44,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from envs.sandbox.base import (
-    STDERR,
-    STDOUT,
-    DiskUsage,
-    Sandbox,
-    SandboxConfig,
-    SandboxError,
-    ShellChannel,
-)
-from envs.sandbox.limits import disk_usage, process_start_time
+from envs.sandbox.base import Sandbox
+from envs.sandbox.cleanup import LABEL, OWNER_LABEL, owner_label, reap_docker_orphans
+from envs.sandbox.limits import disk_usage
+from envs.sandbox.processes import kill
+from envs.sandbox.records import DiskUsage, SandboxConfig, SandboxError
+from envs.sandbox.shell import STDERR, STDOUT, ShellChannel
 from envs.sandbox.trees import clean_archive
 
 logger = logging.getLogger(__name__)
@@ -65,8 +60,6 @@ BASE_PACKAGES = (
     "bash,coreutils,findutils,grep,sed,gawk,diffutils,procps,psmisc,file,bc,jq,tree,less,lsof,"
     "hashdeep,zip,unzip,bzip2,xz-utils,gzip,tar,cpio,python3,python3-pytest,git,ca-certificates"
 )
-LABEL = "clawgym.sandbox"
-OWNER_LABEL = "clawgym.owner"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
 _KILL = (
@@ -107,13 +100,6 @@ def docker_answers(timeout: float = 2.0) -> bool:
         return False
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
-
-
 def _spared(host_pids: list[str], keep: str, keepalive: str) -> set[str]:
     """Host pids of the container's init and the processes whose pids inside the container
     are `keep` (the shell) and `keepalive` (the init's `sleep infinity`)."""
@@ -145,35 +131,6 @@ def _writable_layer(attrs: dict[str, Any]) -> Path | None:
             upper or "no overlay2 upper directory",
         )
     return None
-
-
-def owner_label() -> str:
-    """Who owns a container: this boot, this pid and its start time (pids are reused)."""
-    pid = os.getpid()
-    return f"{_boot_id()}:{pid}:{process_start_time(pid)}"
-
-
-def reap_orphans(client: Any) -> list[str]:
-    """Removes clawgym containers whose owning process is gone; returns their names."""
-    removed = []
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        boot, _, rest = container.labels.get(OWNER_LABEL, "::").partition(":")
-        pid_text, _, started = rest.partition(":")
-        alive = (
-            boot == _boot_id()
-            and pid_text.isdigit()
-            and started != ""
-            and process_start_time(int(pid_text)) == started
-        )
-        if boot == _boot_id() and not alive:
-            try:
-                container.remove(force=True)
-                removed.append(container.name)
-            except Exception as error:  # already gone, or being removed by its owner
-                logger.debug("reaper: cannot remove %s: %s", container.name, error)
-    if removed:
-        logger.info("reaped %d orphaned sandbox containers", len(removed))
-    return removed
 
 
 class SocketChannel(ShellChannel):
@@ -247,7 +204,7 @@ class DockerSandbox(Sandbox):
             self.client = docker.from_env(timeout=60)
             if not _reaped.is_set():
                 _reaped.set()
-                reap_orphans(self.client)
+                reap_docker_orphans(self.client)
         except DockerException as error:
             raise SandboxError(f"no Docker daemon answers: {error}") from None
         self.image = image or base_image_tag()
@@ -377,12 +334,7 @@ class DockerSandbox(Sandbox):
             return False
         spared = _spared(members, keep, self._keepalive)
         for _ in range(3):  # a bomb forks while it is being killed
-            for pid in members:
-                if pid not in spared:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            kill(int(pid) for pid in members if pid not in spared)
             try:
                 members = Path(self._pids_file).with_name("cgroup.procs").read_text().split()
             except OSError:

@@ -13,8 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from envs.sandbox.base import SandboxError
 from envs.sandbox.docker import base_image_tag, docker_answers
+from envs.sandbox.records import SandboxError
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ import logging
 import threading
 from typing import Literal
 
-from envs.sandbox.base import Sandbox, SandboxConfig, closed_on_failure
+from envs.sandbox.base import Sandbox, closed_on_failure
+from envs.sandbox.records import SandboxConfig
 
 logger = logging.getLogger(__name__)
 

@@ -13,15 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox.base import DiskUsage, SandboxConfig
+from envs.sandbox.processes import kill_until_gone
+from envs.sandbox.records import DiskUsage, SandboxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -191,15 +190,6 @@ def _processes_of(uid: int) -> int:
     return count
 
 
-def process_start_time(pid: int) -> str:
-    """When process `pid` started (clock ticks since boot), "" if there is none: with the
-    pid it names a process, as pids are reused."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def disk_usage(paths: Sequence[Path]) -> DiskUsage:
     """What the trees at `paths` take on disk: allocated blocks (a file with several links
     counts once) and entries, the roots included. Walked in this process, which costs tens
@@ -308,22 +298,7 @@ def cgroups_named(prefix: str) -> dict[str, list[Path]]:
 def remove_cgroups(paths: Sequence[Path]) -> None:
     """Kills every process in the cgroups (for a few seconds, as they may fork) and removes
     them."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        members: set[int] = set()
-        for path in paths:
-            try:
-                members.update(int(p) for p in (path / "cgroup.procs").read_text().split())
-            except OSError:
-                continue
-        if not members:
-            break
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
+    kill_until_gone(lambda: _members(paths), 0.01)
     for path in paths:
         try:
             path.rmdir()
@@ -331,3 +306,14 @@ def remove_cgroups(paths: Sequence[Path]) -> None:
             pass  # another reaper was first
         except OSError as error:
             logger.warning("cannot remove cgroup %s: %s", path, error)
+
+
+def _members(paths: Sequence[Path]) -> set[int]:
+    """The processes in the cgroups at `paths`."""
+    members: set[int] = set()
+    for path in paths:
+        try:
+            members.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        except OSError:
+            continue
+    return members

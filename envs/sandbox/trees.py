@@ -19,7 +19,7 @@ import tarfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from envs.sandbox.base import SandboxError
+from envs.sandbox.records import SandboxError
 
 MAX_TREE_BYTES = 512 * 1024 * 1024
 """Content a carried tree may hold; past it the tree is refused (a grader scores it 0)."""

@@ -29,7 +29,7 @@ from envs.core import (
     run_episode,
     tool_calls_message,
 )
-from envs.sandbox import Sandbox, SandboxConfig, SandboxError
+from envs.sandbox import Sandbox, SandboxConfig, SandboxError, close_held
 from envs.swe.grading import (
     REWARDS,
     Prediction,
@@ -116,7 +116,7 @@ class SWEEnv(AgentEnv):
         return list(self.instances)
 
     def _load_task(self, task_id: str) -> None:
-        self._close_sandbox()
+        close_held(self, "sandbox")
         self.instance = self.instances[task_id]
         project = project_of(self.instance.repo, self.instance.version)
         self.sandbox = self.workspaces.open(project, self.instance.patch)
@@ -346,13 +346,8 @@ class SWEEnv(AgentEnv):
             raise ToolCallError("no task is loaded; call reset() first")
         return self.sandbox
 
-    def _close_sandbox(self) -> None:
-        sandbox, self.sandbox = self.sandbox, None
-        if sandbox is not None:
-            sandbox.close()
-
     def close(self) -> None:
-        self._close_sandbox()
+        close_held(self, "sandbox")
         self.workspaces.close()
         super().close()
 

@@ -3,14 +3,15 @@
 Each episode gets a fresh sandbox (bubblewrap or Docker; "auto" picks Docker when a daemon
 answers), set up by the task's script. The agent runs commands with `bash` (one persistent
 shell: `cd` and `export` carry over) and ends with `submit`; when the turn budget runs out
-first, the task is graded all the same. Task sets and graders are in `tasks.py` and
-`grading.py`.
+first, the task is graded all the same. Task sets are in `tasks.py` and `harbor.py`
+(`load_task_set` picks one by name), graders in `grading.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from envs.core import Action, AgentEnv, EpisodeEnd, Message, ToolResult, tool_calls_message
@@ -19,6 +20,7 @@ from envs.sandbox import (
     SandboxConfig,
     SandboxError,
     SandboxPool,
+    close_held,
     closed_on_failure,
     make_sandbox,
     resolve_backend,
@@ -34,8 +36,14 @@ from envs.terminal.grading import (
     snapshot,
     unstable_paths,
 )
-from envs.terminal.harbor import build_image, for_backend
-from envs.terminal.tasks import TerminalTask, load_task_set
+from envs.terminal.harbor import build_image, for_backend, load_harbor, shipped_harbor
+from envs.terminal.tasks import (
+    SHIPPED,
+    TerminalTask,
+    load_icalfa,
+    load_tbench,
+    select_split,
+)
 from envs.tools import Tool
 
 SYSTEM_PROMPT = (
@@ -93,7 +101,7 @@ class TerminalEnv(AgentEnv):
         return list(self.tasks)
 
     def _load_task(self, task_id: str) -> None:
-        self._close_sandbox()
+        close_held(self, "sandbox")
         self.task = self.tasks[task_id]
         self.sandbox = self._make_sandbox(self.task)
         prepare(self.sandbox, self.task)
@@ -215,17 +223,24 @@ class TerminalEnv(AgentEnv):
             sandbox.start()
         return sandbox
 
-    def _close_sandbox(self) -> None:
-        sandbox, self.sandbox = self.sandbox, None
-        if sandbox is not None:
-            sandbox.close()
-
     def close(self) -> None:
-        self._close_sandbox()
+        close_held(self, "sandbox")
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             pool.close()
         super().close()
+
+
+def load_task_set(source: str, split: str) -> dict[str, TerminalTask]:
+    """The tasks of `source` ("tbench", "icalfa", "harbor", "harbor:PATH" or a task
+    directory) in `split`."""
+    if source == "harbor" or source.startswith("harbor:"):
+        path = source.partition(":")[2] or str(shipped_harbor())
+        return select_split(list(load_harbor(path)), split)
+    if source == "icalfa":
+        return select_split(list(load_icalfa()), split)
+    directory = SHIPPED if source == "tbench" else Path(source)
+    return select_split(list(load_tbench(str(directory))), split)
 
 
 class TerminalReferenceAgent:

@@ -9,6 +9,14 @@ single number, or `/logs/verifier/reward.json`, an object of named numbers) and
 `solution/solve.sh` (the reference solution). `task.toml` is read with the standard
 library's `tomllib`: the `harbor` package itself is not on this machine's registry.
 
+A task folder is untrusted input: its files go into the sandbox, the verifier's output and
+the stored transcripts. A symbolic link in it may point only inside the folder (resolved
+through every link of a chain); a task with a link that leaves it, or that is itself a
+link, is refused with a ValueError naming the link, so a task cannot bring in a file of the
+host. Every number read from `task.toml` (the agent's, the verifier's and the build's
+`timeout_sec` / `build_timeout_sec`) must be a finite number of seconds above 0 and at most
+`MAX_TIMEOUT_SEC` (a day).
+
 How the Dockerfile is used:
 - Docker backend: built locally with `--network none` and never pulled; the only allowed
   `FROM` is the sandbox base image (`clawgym/sandbox-base`, with no tag or with the tag of
@@ -42,6 +50,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -65,6 +74,7 @@ TEST_COMMAND = "bash /tests/test.sh"
 # The agent's commands are cut at this many seconds unless `[agent] timeout_sec` is shorter
 # (Harbor's agent timeout bounds a whole episode; the env bounds each command).
 COMMAND_TIMEOUT = 30.0
+MAX_TIMEOUT_SEC = 86_400.0  # the bound of every timeout of task.toml: a day
 _IGNORED = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "MAINTAINER", "HEALTHCHECK", "STOPSIGNAL"}
 
 
@@ -131,7 +141,9 @@ def load_harbor(directory: str) -> tuple[TerminalTask, ...]:
 
 
 def load_harbor_task(path: Path) -> TerminalTask:
-    """One Harbor task folder; raises ValueError naming what is missing or malformed."""
+    """One Harbor task folder; raises ValueError naming what is missing or malformed, or a
+    link that leaves the folder (see the module docstring)."""
+    check_links(path)
     for required in ("instruction.md", "task.toml", "environment/Dockerfile", "tests/test.sh"):
         if not (path / required).is_file():
             raise ValueError(f"Harbor task {path} has no {required}")
@@ -148,6 +160,7 @@ def load_harbor_task(path: Path) -> TerminalTask:
     instructions = parse_dockerfile(dockerfile.read_text(), str(dockerfile))
     workdir = _workdir(instructions)
     agent_timeout = _seconds(config, "agent", 600.0, path)
+    _seconds(config, "environment", 600.0, path, key="build_timeout_sec")  # read by build_image
     return TerminalTask(
         task_id=f"harbor/{path.name}",
         kind="harbor",
@@ -165,10 +178,43 @@ def load_harbor_task(path: Path) -> TerminalTask:
     )
 
 
-def _seconds(config: dict[str, Any], section: str, default: float, path: Path) -> float:
-    value = config.get(section, {}).get("timeout_sec", default)
-    if not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{path / 'task.toml'}: [{section}] timeout_sec must be a positive number")
+def check_links(path: Path) -> None:
+    """Raises ValueError when the task folder `path` is a symbolic link or holds one whose
+    target, followed through every link of a chain, is outside the folder."""
+    if path.is_symlink():
+        raise ValueError(f"Harbor task {path} is a symbolic link; a task folder must be a folder")
+    root = path.resolve()
+    for folder, directories, files in os.walk(path):  # never descends into linked folders
+        for name in directories + files:
+            entry = Path(folder, name)
+            if entry.is_symlink() and not _inside(entry, root):
+                raise ValueError(
+                    f"Harbor task {path}: {entry.relative_to(path)} is a symbolic link to "
+                    f"{os.readlink(entry)}, which leaves the task folder (or loops); links "
+                    "must stay inside it"
+                )
+
+
+def _inside(link: Path, root: Path) -> bool:
+    """Whether `link`, followed through every link of its chain, ends inside `root`."""
+    try:
+        return link.resolve().is_relative_to(root)
+    except (RuntimeError, OSError):  # a loop of links
+        return False
+
+
+def _seconds(
+    config: dict[str, Any], section: str, default: float, path: Path, key: str = "timeout_sec"
+) -> float:
+    """`[section] key` of a task's `task.toml`: a finite number of seconds in (0,
+    MAX_TIMEOUT_SEC], else a ValueError naming the field, its value and the bound."""
+    value = config.get(section, {}).get(key, default)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SEC:
+        raise ValueError(
+            f"{path / 'task.toml'}: [{section}] {key} must be a positive number of seconds, "
+            f"finite and at most {MAX_TIMEOUT_SEC:g}; got {value!r}"
+        )
     return float(value)
 
 
@@ -284,7 +330,7 @@ def build_image(environment: str) -> str:
     archive, digest = _context_archive(context)
     tag = f"clawgym/harbor-{_slug(context.parent.name)}:{digest}"
     config = tomllib.loads((context.parent / "task.toml").read_text())
-    timeout = float(config.get("environment", {}).get("build_timeout_sec", 600))
+    timeout = _seconds(config, "environment", 600.0, context.parent, key="build_timeout_sec")
     client = docker.from_env(timeout=int(timeout))
     try:
         client.images.get(tag)

@@ -9,12 +9,13 @@
   (images are never pulled here) and runs in the sandbox before the agent starts.
 - "harbor": the same tasks as Harbor task folders (terminal-bench 2.0's format), converted
   from the shipped ones on first use (`harbor.shipped_harbor`); "harbor:PATH" loads any
-  folder of Harbor task folders (see `harbor.py`).
+  folder of Harbor task folders (see `harbor.py`, which builds on this module).
 - "icalfa": InterCode-ALFA's 300 natural-language-to-bash tasks, read from the installed
   `icalfa` package's data files (its code, which needs scikit-learn and Docker, is not
   imported), each with the file-system setup script of its image and its gold command.
 
-Every fifth task (by position in a set) is held out as the "test" split.
+Every fifth task (by position in a set) is held out as the "test" split; `env.load_task_set`
+picks a set by name.
 """
 
 from __future__ import annotations
@@ -91,20 +92,6 @@ def select_split(tasks: list[TerminalTask], split: str) -> dict[str, TerminalTas
     if not chosen:
         raise ValueError(f"the {split!r} split of this task set is empty; add tasks or use 'all'")
     return chosen
-
-
-def load_task_set(source: str, split: str) -> dict[str, TerminalTask]:
-    """The tasks of `source` ("tbench", "icalfa", "harbor", "harbor:PATH" or a task
-    directory) in `split`."""
-    if source == "harbor" or source.startswith("harbor:"):
-        from envs.terminal.harbor import load_harbor, shipped_harbor
-
-        path = source.partition(":")[2] or str(shipped_harbor())
-        return select_split(list(load_harbor(path)), split)
-    if source == "icalfa":
-        return select_split(list(load_icalfa()), split)
-    directory = SHIPPED if source == "tbench" else Path(source)
-    return select_split(list(load_tbench(str(directory))), split)
 
 
 # -- terminal-bench format ------------------------------------------------------------------

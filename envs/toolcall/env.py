@@ -42,6 +42,7 @@ from envs.core import (
     Reply,
     tool_calls_message,
 )
+from envs.sandbox import close_held
 from envs.toolcall import bfcl
 from envs.toolcall.multiturn import BackendEntry, BackendSandbox
 from envs.toolcall.tasks import ToolCallTask, load_task_set
@@ -116,7 +117,7 @@ class ToolCallEnv(AgentEnv):
         return list(self.tasks)
 
     def _load_task(self, task_id: str) -> None:
-        self._close_backends()
+        close_held(self, "_backends")
         self.task = self.tasks[task_id]
         self.turn_index = 0
         self._grade = None
@@ -300,17 +301,12 @@ class ToolCallEnv(AgentEnv):
         had to stop; either way the task's backends are done."""
         if truncated and self._grade is None:
             self._grade = {"valid": False, "error_type": "truncated: the turn budget ran out"}
-        self._close_backends()
+        close_held(self, "_backends")
         return EpisodeEnd()
 
     # -- lifecycle -----------------------------------------------------------------------
-    def _close_backends(self) -> None:
-        backends, self._backends = self._backends, None
-        if backends is not None:
-            backends.close()
-
     def close(self) -> None:
-        self._close_backends()
+        close_held(self, "_backends")
         super().close()
 
 

@@ -6,8 +6,8 @@ episode. A model-driven user plays the task's user as tau2's user simulator does
 own user guidelines and the task's scenario as its system prompt, the conversation's roles
 swapped. `EndpointUser` reaches its model through any OpenAI-compatible endpoint with the
 official `openai` client (`user="model"` of `ToolCallEnv`); `ModelUser` through the engine
-interface (`generate(messages, ...)`, DESIGN.md "Engine"); `ScriptedUser` says fixed lines,
-for tests and reference runs (the default).
+interface (`generate(messages, ...)`, docs/architecture.md, "Contracts": Engine);
+`ScriptedUser` says fixed lines, for tests and reference runs (the default).
 """
 
 from __future__ import annotations

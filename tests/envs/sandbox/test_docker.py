@@ -10,13 +10,8 @@ import pytest
 
 from envs.sandbox import SandboxError
 from envs.sandbox import docker as docker_module
-from envs.sandbox.docker import (
-    BASE_PACKAGES,
-    LABEL,
-    DockerSandbox,
-    base_image_tag,
-    reap_orphans,
-)
+from envs.sandbox.cleanup import LABEL, reap_docker_orphans
+from envs.sandbox.docker import BASE_PACKAGES, DockerSandbox, base_image_tag
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -61,7 +56,7 @@ def test_the_reaper_removes_containers_whose_parent_died(docker_daemon):
     client = docker.from_env()
     container = client.containers.get(orphan)
     assert container.status == "running"
-    assert container.name in reap_orphans(client)
+    assert container.name in reap_docker_orphans(client)
     with pytest.raises(docker.errors.NotFound):
         client.containers.get(orphan)
 

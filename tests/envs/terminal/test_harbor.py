@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from envs.sandbox import SandboxError
-from envs.terminal.env import TerminalEnv
+from envs.terminal.env import TerminalEnv, load_task_set
 from envs.terminal.grading import parse_reward
 from envs.terminal.harbor import (
     convert_tbench,
@@ -17,7 +17,7 @@ from envs.terminal.harbor import (
     load_harbor_task,
     shipped_harbor,
 )
-from envs.terminal.tasks import SHIPPED, load_task_set, load_tbench
+from envs.terminal.tasks import SHIPPED, load_tbench
 from tests.envs.terminal.test_terminal import call, gold_check
 
 SAMPLE = ["harbor/archive-project", "harbor/fix-python-bug", "harbor/write-primes"]

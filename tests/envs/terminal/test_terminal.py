@@ -8,9 +8,9 @@ import math
 import pytest
 
 from envs.core import IdleAgent, run_episode
-from envs.terminal.env import TerminalEnv, TerminalReferenceAgent
+from envs.terminal.env import TerminalEnv, TerminalReferenceAgent, load_task_set
 from envs.terminal.grading import Run, grade_icalfa, tfidf_similarity
-from envs.terminal.tasks import SHIPPED, load_icalfa, load_task_set, load_tbench
+from envs.terminal.tasks import SHIPPED, load_icalfa, load_tbench
 
 
 def call(name, arguments):
