@@ -112,8 +112,9 @@ def home_credentials(api_key: str | None) -> frozenset[bytes]:
 
 
 def scope_of(given: bytes, home: Collection[bytes]) -> str:
-    """The empty scope for a home credential; else a tag of the credential: 96 bits of a hash, the same
-    across restarts, from which the key cannot be read back (nor guessed, for a real key)."""
+    """The scope of a credential: empty for a home one; else 96 bits of a hash of it, the
+    same across restarts, from which the key cannot be read back (nor guessed, for a real
+    key)."""
     if is_one_of(given, home):
         return ""
     return hashlib.sha256(b"clawgym.session-scope\0" + given).hexdigest()[:24]
