@@ -9,22 +9,29 @@ it. A session id is 1-256 printable ASCII characters (it goes back in a response
 No turn type: the configured default (`main`), so a client that sends no headers still
 trains, unlike OpenClaw-RL's proxy.
 
-Only the client that opened a session may close it: a session belongs to the credential
-(the `Authorization` header) of the request that opened it, kept in its metadata as a
-salted hash (`OWNER`), so that it outlives the in-memory state; `X-Session-Done` from any
-other credential is refused (`SessionNotOwned`). Clients that share a key are one client
-to the proxy, and so are clients that send none. A session an episode's client opened
-(`agents.serving.sessions.SessionTracker.open`, the proxy's admin route) has no owner: its
-admin route ends it.
+Session ids are scoped by credential: the same `X-Session-Id` sent with two credentials
+names two sessions, so no client can append to, fill or pre-claim another's. A request's
+`Authorization` is parsed once (`credential`: the scheme case-insensitive, one canonical
+form, compared in constant time). The proxy's own clients (`home`: its key; on a proxy
+without one, no key or the placeholder `none`, which clawgym's own clients send) keep
+their ids as sent, so the store's ids are the client's and the episode routes' sessions are
+theirs; any other credential's session is stored as `~<tag>~<id>` (`SessionInfo.stored_id`,
+the tag a hash of the credential, never the key), an id no client may send. Clients that
+share a key, or send none, are one client.
+
+Only the client that opened a session may close it: its credential is kept in the
+session's metadata as a salted hash (`OWNER`); a session the episode routes opened
+(`agents.serving.sessions.SessionTracker.open`) has no owner: its admin route ends it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import uuid
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +41,10 @@ MAX_SESSION_ID = 256
 _TRUE = {"1", "true", "yes", "on"}
 OWNER = "owner"
 """The session metadata key of its owner's credential, salted and hashed (`owner_tag`)."""
+NO_KEY = b"Bearer none"
+"""What clawgym's own clients send where a server takes no key: no key at all."""
+_SCOPED = re.compile(r"~[0-9a-f]{24}~")
+"""How a stored id of a credential other than the home one starts; no client id may."""
 
 
 class SessionRefused(ValueError):
@@ -62,14 +73,71 @@ class SessionInfo:
     """The client closes the session with this request."""
     named: bool = True
     """The client named the session; False: the proxy minted the id."""
-    credential: str = field(default="", repr=False)
-    """The request's `Authorization` header: who is asking (`owner_tag`)."""
+    credential: bytes = field(default=b"", repr=False)
+    """The request's canonical credential (`credential`): who is asking (`owner_tag`)."""
+    scope: str = ""
+    """The credential's tag, or "" for the proxy's own clients (`scope_of`)."""
+
+    @property
+    def stored_id(self) -> str:
+        """The session's id in the store: the client's id in its credential's scope."""
+        return stored_id(self.scope, self.session_id)
+
+
+def credential(headers: Mapping[str, str]) -> bytes:
+    """A request's `Authorization`, canonical: `Bearer <token>` whatever the scheme's case
+    and spacing, another scheme as `<scheme in lower case> <rest>`, b"" for none;
+    `headers` have lower-case names and latin-1 values (as ASGI servers decode them)."""
+    scheme, _, rest = headers.get("authorization", "").encode("latin-1").strip().partition(b" ")
+    if not scheme:
+        return b""
+    if scheme.lower() == b"bearer":
+        return b"Bearer " + rest.strip() if rest.strip() else b""
+    return scheme.lower() + b" " + rest.strip()
+
+
+def bearer(key: str) -> bytes:
+    """The canonical credential of a request that sends `key` as its bearer token."""
+    return b"Bearer " + key.strip().encode()
+
+
+def is_one_of(given: bytes, credentials: Collection[bytes]) -> bool:
+    """Whether `given` is one of `credentials`, each compared in constant time."""
+    return any([secrets.compare_digest(given, known) for known in credentials])
+
+
+def home_credentials(api_key: str | None) -> frozenset[bytes]:
+    """The credentials of a proxy's own clients: its key; without one, none or `none`."""
+    return frozenset({bearer(api_key)} if api_key else {b"", NO_KEY})
+
+
+def scope_of(given: bytes, home: Collection[bytes]) -> str:
+    """The scope of a credential: empty for a home one; else 96 bits of a hash of it, the
+    same across restarts, from which the key cannot be read back (nor guessed, for a real
+    key)."""
+    if is_one_of(given, home):
+        return ""
+    return hashlib.sha256(b"clawgym.session-scope\0" + given).hexdigest()[:24]
+
+
+def stored_id(scope: str, session_id: str) -> str:
+    """The store's id of the client's `session_id` in `scope`."""
+    return f"~{scope}~{session_id}" if scope else session_id
+
+
+def client_id(scope: str, stored: str) -> str:
+    """The client's id of the store's `stored` id in `scope` (`stored_id` undone)."""
+    return stored[len(scope) + 2 :] if scope else stored
 
 
 def identify(
-    headers: Mapping[str, str], body: MutableMapping[str, Any], default: TurnType
+    headers: Mapping[str, str],
+    body: MutableMapping[str, Any],
+    default: TurnType,
+    home: Collection[bytes] = frozenset({b""}),
 ) -> SessionInfo:
     """The session of a request; pops the body fallbacks so the engine never sees them.
+    `home`: the credentials of the proxy's own clients (`home_credentials`).
 
     Raises:
         SessionRefused: a session id or turn type the proxy cannot take.
@@ -89,23 +157,25 @@ def identify(
         turn_type=TurnType(str(kind).lower()),
         done=str(done).lower() in _TRUE if done is not None else False,
         named=bool(session_id),
-        credential=headers.get("authorization", ""),
+        credential=(given := credential(headers)),
+        scope=scope_of(given, home),
     )
 
 
-def owner_tag(credential: str, salt: bytes | None = None) -> str:
+def owner_tag(given: bytes, salt: bytes | None = None) -> str:
     """`salt:sha256(salt + credential)`, hex: what a session keeps of its owner. Salted, so
     the store never holds a key, nor a hash that a table of common keys would undo."""
     salt = os.urandom(8) if salt is None else salt
-    return f"{salt.hex()}:{hashlib.sha256(salt + credential.encode()).hexdigest()}"
+    return f"{salt.hex()}:{hashlib.sha256(salt + given).hexdigest()}"
 
 
-def owned_by(tag: str | None, credential: str) -> bool:
-    """Whether `credential` is the one `tag` was made of (never, for no tag)."""
+def owned_by(tag: str | None, given: bytes) -> bool:
+    """Whether the canonical credential `given` is the one `tag` was made of (never, for no
+    tag)."""
     if not tag:
         return False
     salt, _, _ = tag.partition(":")
-    return secrets.compare_digest(owner_tag(credential, bytes.fromhex(salt)), tag)
+    return secrets.compare_digest(owner_tag(given, bytes.fromhex(salt)), tag)
 
 
 def checked_id(value: Any) -> str:
@@ -113,6 +183,11 @@ def checked_id(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise SessionRefused(f"a session id is a string, got {value!r}", "X-Session-Id")
     text = str(value)
+    if _SCOPED.match(text):
+        raise SessionRefused(
+            f"a session id may not start like a scoped one (~<24 hex digits>~), got {text[:40]!r}",
+            "X-Session-Id",
+        )
     if len(text) > MAX_SESSION_ID or not (text.isascii() and text.isprintable()):
         raise SessionRefused(
             f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters, got "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from agents.engines.base import BASE, POLICY, Engine
 from agents.engines.replicas import ReplicaSet, SessionEngine
 from agents.serving import openai_api as api
+from agents.serving.identity import bearer, credential, home_credentials, is_one_of
 from agents.serving.sessions import SessionTracker
 from agents.store import Store
 from agents.trajectory import TurnType
@@ -97,6 +98,9 @@ class Proxy:
         self.config = config or ProxyConfig()
         self.admin_key = self.config.admin_key or _generated_admin_key()
         """The bearer key of the /admin routes (for in-process clients: `ProxySeat`)."""
+        self.home = home_credentials(self.config.api_key)
+        """The canonical credentials of the proxy's own clients (`agents.serving.identity`)."""
+        self._admin = frozenset({bearer(self.admin_key)})
         self.sessions = SessionTracker(store, self.config.env_id)
         self._publish = threading.Lock()
         self.checkpoints = Checkpoints(store)
@@ -122,14 +126,13 @@ class Proxy:
         """Refuses a request without the configured bearer key (a plain check per route:
         Starlette's HTTP middleware costs about a millisecond a request); `headers` have
         lower-case names."""
-        key = self.config.api_key
-        if key and not _bearer_is(headers, key):
+        if self.config.api_key and not is_one_of(credential(headers), self.home):
             raise api.ApiError(401, "a valid API key is required", code="invalid_api_key")
 
     def check_admin(self, headers: Mapping[str, str]) -> None:
         """Refuses an admin write without the admin key (401) or with a body that is not
         declared JSON (415: a web page can send `text/plain` anywhere without asking)."""
-        if not _bearer_is(headers, self.admin_key):
+        if not is_one_of(credential(headers), self._admin):
             raise api.ApiError(
                 401,
                 "the admin key is required (Authorization: Bearer KEY): set it with "
@@ -228,9 +231,3 @@ def _generated_admin_key() -> str:
         key,
     )
     return key
-
-
-def _bearer_is(headers: Mapping[str, str], key: str) -> bool:
-    """Whether the request's `Authorization` is `Bearer <key>` (compared in constant time)."""
-    scheme, _, given = headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip(), key)

@@ -28,8 +28,9 @@ proxy holds only its active sessions. A session the client closed with `X-Sessio
 final: a later request naming it is refused (`SessionEnded`). State is rebuilt from the
 store for a session not in memory (a restarted proxy, a user back after a pause).
 
-Only the client that opened a session may close it (`agents.serving.identity` says how a
-session keeps its owner).
+Sessions are scoped by credential (`agents.serving.identity`): a request reaches only the
+sessions of its own credential, by id or by its history, and only the client that opened a
+session may close it.
 
 Side turns (memory flushes, heartbeats, and every request to the base model) are recorded
 as `side` turns without a next state: served and kept for analysis, never trained.
@@ -53,6 +54,7 @@ from agents.serving.identity import (
     SessionInfo,
     SessionNotOwned,
     SessionRefused,
+    client_id,
     owned_by,
     owner_tag,
 )
@@ -73,6 +75,8 @@ class _State:
     seen: float = field(default_factory=time.monotonic)
     owner: str | None = None
     """`owner_tag` of the client that opened the session; None: its admin route ends it."""
+    scope: str = ""
+    """The scope of the session's credential (`SessionInfo.scope`)."""
 
 
 class SessionTracker:
@@ -87,9 +91,9 @@ class SessionTracker:
         self.store, self.env_id = store, env_id
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
-        self._unnamed: dict[int, list[str]] = {}
-        """`conversation_key` of an open end's prompt + reply -> the minted-id sessions
-        waiting there."""
+        self._unnamed: dict[tuple[str, int], list[str]] = {}
+        """Scope and `conversation_key` of an open end's prompt + reply -> the minted-id
+        sessions (stored ids) of that scope waiting there."""
         self._ended: list[tuple[str, int]] = []
         """Open ends dropped for `MAX_OPEN_ENDS`, still to be ended in the store."""
 
@@ -105,31 +109,31 @@ class SessionTracker:
         kept: list[Mapping[str, Any]] = []
         if info.turn_type is TurnType.MAIN:
             kept = [m for m in messages if not is_transient(m)]
-            if not info.named and (continued := self._recognise(kept)) is not None:
-                info = replace(info, session_id=continued)
+            if not info.named and (continued := self._recognise(info.scope, kept)) is not None:
+                info = replace(info, session_id=client_id(info.scope, continued))
         state = self._state(info, refuse_ended=True)
-        if info.done and not owned_by(state.owner, info.credential):
+        if info.done and not _owns(state.owner, info):
             raise SessionNotOwned(
-                f"the session {info.session_id!r} was opened by another client (another API "
-                "key) or by an episode's client: only its owner can close it"
+                f"the session {info.session_id!r} was opened by an episode's client: its "
+                "admin route ends it"
             )
         with self._lock:
             state.seen = time.monotonic()
-            links = self._links(info.session_id, state, kept) if kept and state.open_ends else []
+            links = self._links(info.stored_id, state, kept) if kept and state.open_ends else []
         for index, added in links:
-            self.store.set_next_state(info.session_id, index, added)
+            self.store.set_next_state(info.stored_id, index, added)
         return info
 
-    def _recognise(self, kept: Sequence[Mapping[str, Any]]) -> str | None:
-        """The minted-id session whose open end the history continues from its last
-        assistant message, if any."""
+    def _recognise(self, scope: str, kept: Sequence[Mapping[str, Any]]) -> str | None:
+        """The minted-id session of `scope` whose open end the history continues from its
+        last assistant message, if any (its stored id)."""
         last = next(
             (i for i in range(len(kept) - 1, -1, -1) if kept[i].get("role") == "assistant"), -1
         )
         if last < 0 or last + 1 == len(kept):
             return None
         with self._lock:
-            waiting = self._unnamed.get(conversation_key(kept[: last + 1]))
+            waiting = self._unnamed.get((scope, conversation_key(kept[: last + 1])))
             return waiting[-1] if waiting else None
 
     def _links(
@@ -144,7 +148,7 @@ class SessionTracker:
         siblings = [e for e in state.open_ends if e is not end and e.prompt == end.prompt]
         closed = [end, *siblings]
         state.open_ends = [e for e in state.open_ends if e not in closed]
-        self._forget_keys(session_id, closed)
+        self._forget_keys(session_id, state.scope, closed)
         return [(end.index, added), *((e.index, []) for e in siblings)]
 
     def open(self, session: Session) -> None:
@@ -187,7 +191,7 @@ class SessionTracker:
         with self._lock:
             links = self._links(session_id, state, kept) if kept and state.open_ends else []
             rest, state.open_ends = state.open_ends, []
-            self._forget_keys(session_id, rest)
+            self._forget_keys(session_id, state.scope, rest)
             self._states.pop(session_id, None)
         for index, added in links:
             self.store.set_next_state(session_id, index, added)
@@ -205,17 +209,17 @@ class SessionTracker:
     ) -> int:
         """Commits the request's turns at the session's next indexes (returns the first);
         closes the session if the client said so."""
-        state = self._state(info)
+        state, stored = self._state(info), info.stored_id
         with self._lock:
             first, state.next_index = state.next_index, state.next_index + len(completions)
             state.seen = time.monotonic()
         for offset, (completion, reply) in enumerate(zip(completions, replies, strict=True)):
             turn = sampled_turn(
-                info.session_id, first + offset, info.turn_type, messages, completion, reply, tools
+                stored, first + offset, info.turn_type, messages, completion, reply, tools
             )
             self.store.add_turn(turn)
         if info.done:
-            self.close(info.session_id)
+            self.close(stored)
             return first
         if info.turn_type is TurnType.MAIN:
             prompt = tuple(m for m in messages if not is_transient(m))
@@ -232,13 +236,13 @@ class SessionTracker:
                 state.open_ends.extend(ends)
                 for end in ends:
                     if end.key is not None:
-                        self._unnamed.setdefault(end.key, []).append(info.session_id)
+                        self._unnamed.setdefault((state.scope, end.key), []).append(stored)
                 # a client that never answers: bounded memory and search; the store hears
                 # of it with the next `expire_idle`, off the request's path
                 stale = state.open_ends[:-MAX_OPEN_ENDS]
                 del state.open_ends[:-MAX_OPEN_ENDS]
-                self._forget_keys(info.session_id, stale)
-                self._ended.extend((info.session_id, end.index) for end in stale)
+                self._forget_keys(stored, state.scope, stale)
+                self._ended.extend((stored, end.index) for end in stale)
         return first
 
     def close(self, session_id: str) -> None:
@@ -246,7 +250,7 @@ class SessionTracker:
         with self._lock:
             state = self._states.pop(session_id, None)
             if state is not None:
-                self._forget_keys(session_id, state.open_ends)
+                self._forget_keys(session_id, state.scope, state.open_ends)
         self.store.finish_session(session_id)
 
     def expire_idle(self, idle_s: float) -> int:
@@ -258,45 +262,47 @@ class SessionTracker:
             idle = [(i, s) for i, s in self._states.items() if now - s.seen >= idle_s]
             for session_id, state in idle:
                 del self._states[session_id]
-                self._forget_keys(session_id, state.open_ends)
+                self._forget_keys(session_id, state.scope, state.open_ends)
             ended = [(i, end.index) for i, state in idle for end in state.open_ends]
             ended, self._ended = ended + self._ended, []
         if ended:
             self.store.end_turns(ended)
         return len(ended)
 
-    def _forget_keys(self, session_id: str, ends: Sequence[OpenEnd]) -> None:
+    def _forget_keys(self, session_id: str, scope: str, ends: Sequence[OpenEnd]) -> None:
         """Drops ended open ends from the index of minted-id sessions (under the lock)."""
         for end in ends:
-            waiting = self._unnamed.get(end.key) if end.key is not None else None
+            key = (scope, end.key) if end.key is not None else None
+            waiting = self._unnamed.get(key) if key is not None else None
             if waiting and session_id in waiting:
                 waiting.remove(session_id)
                 if not waiting:
-                    del self._unnamed[end.key]  # type: ignore[arg-type]
+                    del self._unnamed[key]  # type: ignore[arg-type]
 
     def _state(self, info: SessionInfo, refuse_ended: bool = False) -> _State:
         with self._lock:
-            state = self._states.get(info.session_id)
+            state = self._states.get(info.stored_id)
         if state is not None:
             return state
         state = self._open(info, refuse_ended)
         with self._lock:
-            return self._states.setdefault(info.session_id, state)
+            return self._states.setdefault(info.stored_id, state)
 
     def _open(self, info: SessionInfo, refuse_ended: bool) -> _State:
         """A new session in the store, or the state of one it already holds."""
-        session_id, owner = info.session_id, owner_tag(info.credential)
+        session_id, owner = info.stored_id, owner_tag(info.scope.encode())
         try:
             self.store.add_session(Session(session_id, self.env_id, metadata={OWNER: owner}))
-            return _State(named=info.named, owner=owner)
+            return _State(named=info.named, owner=owner, scope=info.scope)
         except sqlite3.IntegrityError:
             pass
         session = self.store.session(session_id)
         if refuse_ended and session.status is not SessionStatus.OPEN:
-            raise SessionEnded(f"the session {session_id!r} is {session.status}; use a new id")
+            raise SessionEnded(f"the session {info.session_id!r} is {session.status}; use a new id")
         state = _State(
             next_index=max((t.index for t in session.turns), default=-1) + 1,
             owner=session.metadata.get(OWNER),
+            scope=info.scope,
         )
         state.open_ends = [
             OpenEnd(
@@ -307,6 +313,12 @@ class SessionTracker:
         ]
         logger.info("continuing session %s at turn %d", session_id, state.next_index)
         return state
+
+
+def _owns(owner: str | None, info: SessionInfo) -> bool:
+    """Whether the request's client opened the session: its scope is kept (all clients of a
+    scope are one), or, in a store written before scopes, its credential."""
+    return owned_by(owner, info.scope.encode()) or owned_by(owner, info.credential)
 
 
 def sampled_turn(

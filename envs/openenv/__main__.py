@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from envs.openenv.limits import ServerLimits
 from envs.openenv.server import LOOPBACK, serve
 
 API_KEY_VARIABLE = "CLAWGYM_OPENENV_API_KEY"
@@ -28,7 +29,21 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--port", type=int, default=8010)
     command.add_argument("--kwargs", default="{}", help="the env's kwargs as a JSON object")
     command.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE))
-    command.add_argument("--max-sessions", type=int, default=8)
+    defaults = ServerLimits()
+    for name, kind, help_text in (
+        ("max_sessions", int, "sessions open at once (503 past it)"),
+        ("max_sessions_per_client", int, "sessions one key or address holds (429 past it)"),
+        ("session_idle_s", float, "an HTTP-made session idle this long is closed"),
+        ("idle_timeout_s", float, "a connection idle this long is closed"),
+        ("request_timeout_s", float, "a request must arrive within this long"),
+    ):
+        default = getattr(defaults, name)
+        command.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=default,
+            help=f"{help_text} ({default})",
+        )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
@@ -41,7 +56,13 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             api_key=args.api_key,
-            max_sessions=args.max_sessions,
+            limits=ServerLimits(
+                max_sessions=args.max_sessions,
+                max_sessions_per_client=args.max_sessions_per_client,
+                session_idle_s=args.session_idle_s,
+                idle_timeout_s=args.idle_timeout_s,
+                request_timeout_s=args.request_timeout_s,
+            ),
         )
     except ValueError as error:  # json's decode error is one too
         parser.error(str(error))

@@ -8,7 +8,9 @@ describe it; OpenEnv's stateless HTTP `/reset` and `/step` (a fresh env per requ
 left out, as no clawgym episode fits in one request. It binds loopback unless told
 otherwise, and any other address needs an API key, which every request must then carry as
 `Authorization: Bearer <key>`. A malformed message gets an error message back and the
-session goes on; an env that raises ends nothing but that step.
+session goes on; an env that raises ends nothing but that step. `envs.openenv.limits` caps
+the sessions (globally and per client), expires idle HTTP-made ones and closes idle and
+slow connections.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import envs  # noqa: F401  (registers the clawgym ids)
+from envs.openenv.limits import ServerLimits, SessionLimiter, uvicorn_options
 from envs.openenv.protocol import API_KEY_HEADER, ChatAction, ChatObservation, ChatState
 
 logger = logging.getLogger(__name__)
@@ -133,7 +136,7 @@ def build_app(
     env_kwargs: dict[str, Any] | None = None,
     *,
     api_key: str | None = None,
-    max_sessions: int = 8,
+    limits: ServerLimits | None = None,
 ) -> tuple[FastAPI, HTTPEnvServer]:
     """The server's app and OpenEnv's session manager behind it (for its session count).
 
@@ -141,13 +144,11 @@ def build_app(
     rather than in every session.
 
     Raises:
-        ValueError: unknown `env_id`, kwargs its env rejects, or `max_sessions` below 1.
+        ValueError: unknown `env_id` or kwargs its env rejects.
     """
-    env_kwargs = dict(env_kwargs or {})
+    env_kwargs, limits = dict(env_kwargs or {}), limits or ServerLimits()
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; registered: {sorted(gym.registry)}")
-    if max_sessions < 1:
-        raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
     try:
         GymEnvironment(env_id, env_kwargs).close()
     except Exception as error:
@@ -156,11 +157,13 @@ def build_app(
         functools.partial(GymEnvironment, env_id, env_kwargs),
         ChatAction,
         ChatObservation,
-        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions),
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=limits.max_sessions),
     )
     app = FastAPI(title=f"clawgym {env_id} over OpenEnv")
     sessions.register_routes(app, mode=ServerMode.PRODUCTION)
-    if api_key:
+    keyed = bool(api_key)
+    app.add_middleware(SessionLimiter, sessions=sessions, limits=limits, keyed=keyed)
+    if api_key:  # outermost: a request without the key reaches nothing
         app.add_middleware(RequireApiKey, api_key=api_key)
     return app, sessions
 
@@ -172,9 +175,9 @@ def serve(
     host: str = LOOPBACK,
     port: int = 8010,
     api_key: str | None = None,
-    max_sessions: int = 8,
+    limits: ServerLimits | None = None,
 ) -> None:
-    """Serves `env_id` until interrupted.
+    """Serves `env_id` until interrupted, with `limits` (defaults: `ServerLimits`).
 
     Raises:
         ValueError: a non-loopback `host` without an `api_key`, or what `build_app` refuses.
@@ -184,6 +187,7 @@ def serve(
             f"binding {host} exposes the env beyond this machine: give an API key "
             "(--api-key or $CLAWGYM_OPENENV_API_KEY), or bind 127.0.0.1"
         )
-    app, _ = build_app(env_id, env_kwargs, api_key=api_key, max_sessions=max_sessions)
+    limits = limits or ServerLimits()
+    app, _ = build_app(env_id, env_kwargs, api_key=api_key, limits=limits)
     logger.info("serving %s over OpenEnv at ws://%s:%d/ws", env_id, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))

@@ -24,4 +24,4 @@ def served_client(
     """A proxy over `engine` on a fresh store in `directory`: an `openai` client for it (no
     retries, so every failure shows) and the store."""
     with Store(directory / "store.sqlite") as store, running(engine, store, config) as (url, _):
-        yield openai.OpenAI(base_url=url, api_key="unused-on-loopback", max_retries=0), store
+        yield openai.OpenAI(base_url=url, api_key="none", max_retries=0), store

@@ -47,7 +47,7 @@ def served(tiny_engine, tmp_path_factory):
 
 @pytest.fixture
 def client(served):
-    return openai.OpenAI(base_url=served[0], api_key="unused-on-loopback", max_retries=0)
+    return openai.OpenAI(base_url=served[0], api_key="none", max_retries=0)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def conversation(client, number):
 def test_fifty_concurrent_sessions_are_recorded_and_linked(tmp_path):
     engine = EmbeddedEngine("tiny", threads=1)  # one thread: fastest for a 4M-parameter model
     with Store(tmp_path / "s.sqlite") as store, running(engine, store) as (url, _):
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
         with ThreadPoolExecutor(50) as pool:
             ids = list(pool.map(lambda n: conversation(client, n), range(50)))
         for session_id in ids:
@@ -98,7 +98,7 @@ def test_publishing_adapters_under_load_fails_no_request(tmp_path, adapters):
     config = ProxyConfig()
     with Store(tmp_path / "s.sqlite") as store, running(engine, store, config) as (url, proxy):
         admin = {"Authorization": f"Bearer {proxy.admin_key}"}
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
         workers = [threading.Thread(target=load, args=(client, w)) for w in range(8)]
         for worker in workers:
             worker.start()

@@ -96,7 +96,7 @@ def test_the_command_serves_records_and_stops_on_ctrl_c(tmp_path):
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
         reply = client.chat.completions.with_raw_response.create(
             model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )

@@ -1,4 +1,5 @@
-"""An OpenEnv server of a clawgym env, run in-process by uvicorn on a free loopback port."""
+"""An OpenEnv server of a clawgym env, run in-process by uvicorn on a free loopback port,
+with the connection limits `python -m envs.openenv serve` gives it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import uvicorn
 from openenv.core.env_server.http_server import HTTPEnvServer
 
+from envs.openenv.limits import ServerLimits, uvicorn_options
 from envs.openenv.server import build_app
 
 
@@ -40,7 +42,11 @@ def running(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    limits = options.get("limits") or ServerLimits()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options(limits)
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
