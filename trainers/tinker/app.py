@@ -131,7 +131,7 @@ def _service_routes(app: FastAPI, service: TinkerService, futures: Futures) -> N
 
 
 def _training_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
-    """Training clients: create, info, unload, save and load (steps: `_step_routes`)."""
+    """Training clients: create, info, save and load (steps: `_step_routes`)."""
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict:
@@ -157,17 +157,6 @@ def _training_routes(app: FastAPI, service: TinkerService, futures: Futures) -> 
         data = {"model_name": service.model_name, "tokenizer_id": service.tokenizer_id()}
         info = {"model_id": model_id, "model_data": data, "is_lora": True, "lora_rank": rank}
         return {"type": "get_info"} | info
-
-    @app.post("/api/v1/unload_model")
-    async def unload_model(request: Request) -> dict:
-        owner = _owner(request)
-        model_id = service.check_owner(owner, (await fields.json_body(request)).get("model_id"))
-
-        def run() -> dict:
-            service.unload(model_id)
-            return {"type": "unload_model", "model_id": model_id}
-
-        return _future(futures.submit(owner, run), model_id)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict:
@@ -199,7 +188,18 @@ def _training_routes(app: FastAPI, service: TinkerService, futures: Futures) -> 
 
 
 def _step_routes(app: FastAPI, service: TinkerService, futures: Futures) -> None:
-    """A training client's steps: forward_backward and optim_step."""
+    """A training client's steps (forward_backward, optim_step) and its unloading."""
+
+    @app.post("/api/v1/unload_model")
+    async def unload_model(request: Request) -> dict:
+        owner = _owner(request)
+        model_id = service.check_owner(owner, (await fields.json_body(request)).get("model_id"))
+
+        def run() -> dict:
+            service.unload(model_id)
+            return {"type": "unload_model", "model_id": model_id}
+
+        return _future(futures.submit(owner, run), model_id)
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict:

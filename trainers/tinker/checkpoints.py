@@ -20,6 +20,7 @@ import secrets
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ def tinker_path(model_id: str, kind: str, name: str) -> str:
     return f"tinker://{model_id}/{kind}/{name}"
 
 
-def check_name(name: str) -> str:
+def check_name(name: Any) -> str:
     """`name` if it is a checkpoint name (`NAME`).
 
     Raises:

@@ -67,7 +67,7 @@ class Futures:
         which answer at once rather than with a future)."""
         return await asyncio.wrap_future(self._enqueue(owner, call))
 
-    def cancel(self, owner: str, request_id: str) -> bool:
+    def cancel(self, owner: str, request_id: Any) -> bool:
         """Cancels `owner`'s future if it has not started; returns whether it was cancelled.
 
         Raises:
@@ -83,7 +83,7 @@ class Futures:
                 self._drop_if_empty(owner)
         return cancelled
 
-    async def answer(self, owner: str, request_id: str) -> Response:
+    async def answer(self, owner: str, request_id: Any) -> Response:
         """The future's result, its error, or try_again after `POLL_SECONDS`."""
         future = self._owned(owner, request_id)
         try:
