@@ -9,9 +9,11 @@ sampling clients sample in this process too (`engine=embedded`, the default) or 
 vLLM server it starts (`engine=vllm`, from .venv-vllm: each sampler checkpoint is loaded
 into vLLM as a LoRA adapter, so `engine.max_lora_rank` must cover the clients' ranks).
 
-Loopback by default; on any other host an API key is required (`tinker.api_key=` or
-$CLAWGYM_TINKER_API_KEY), which clients send as TINKER_API_KEY (the SDK wants a `tml-`
-prefix). Clients point at it with TINKER_BASE_URL=http://127.0.0.1:8020.
+Loopback by default; on any other host API keys are required: one (`tinker.api_key=` or
+$CLAWGYM_TINKER_API_KEY) or several (`tinker.api_keys=[...]`, `tinker.api_keys_file=`, one
+a line), each its own owner, which clients send as TINKER_API_KEY (the SDK wants a `tml-`
+prefix). Without keys every client is one owner. `tinker.limits.*` (`TinkerLimits`) bounds
+what clients may ask for. Clients point at it with TINKER_BASE_URL=http://127.0.0.1:8020.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents.config import EngineConfig, ModelConfig, is_loopback
 from trainers.config import validate_placement
+from trainers.tinker.limits import TinkerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,14 @@ class TinkerSection:
     run_dir: str = "runs/tinker"
     """Each training client's adapters and tinker:// checkpoints, kept across restarts."""
     api_key: str | None = None
-    """The key clients must send (None: $CLAWGYM_TINKER_API_KEY, else none on loopback)."""
+    """A key clients may send (None: $CLAWGYM_TINKER_API_KEY, else none on loopback)."""
+    api_keys: list[str] = field(default_factory=list)
+    """More keys, each its own owner: a client sees only the runs, checkpoints, samplers
+    and futures its key made."""
+    api_keys_file: str | None = None
+    """A file of keys, one a line (blank lines and lines starting with # skipped)."""
+    limits: TinkerLimits = field(default_factory=TinkerLimits)
+    """Sizes, counts and timeouts per owner and per request (`TinkerLimits`)."""
     device: str = "auto"
     """Where the training clients' learners train: auto (a GPU when torch sees one), cpu
     or cuda. With engine=vllm on the same GPU, vLLM takes half its memory
@@ -61,19 +71,27 @@ class TinkerServeConfig:
 
 
 def checked_section(section: TinkerSection) -> TinkerSection:
-    """The section with the key from the environment where none is set.
+    """The section with the key from the environment where none is set and every key in
+    `api_keys` (the file's too).
 
     Raises:
-        ValueError: a host beyond loopback without a key, or an unknown device or dtype.
+        ValueError: a host beyond loopback without a key, an empty key, or an unknown
+            device or dtype.
     """
     validate_placement("tinker", section.device, section.dtype)
     key = section.api_key or os.environ.get("CLAWGYM_TINKER_API_KEY")
-    if key is None and not is_loopback(section.host):
+    keys = [*([key] if key else []), *section.api_keys]
+    if section.api_keys_file is not None:
+        lines = Path(section.api_keys_file).read_text().splitlines()
+        keys += [k.strip() for k in lines if k.strip() and not k.startswith("#")]
+    if not all(k.strip() for k in keys):
+        raise ValueError("tinker.api_keys holds an empty key")
+    if not keys and not is_loopback(section.host):
         raise ValueError(
-            f"tinker.host={section.host} is not loopback: set tinker.api_key or "
-            "$CLAWGYM_TINKER_API_KEY"
+            f"tinker.host={section.host} is not loopback: set tinker.api_key, tinker.api_keys "
+            "or $CLAWGYM_TINKER_API_KEY"
         )
-    return dataclasses.replace(section, api_key=key)
+    return dataclasses.replace(section, api_key=key, api_keys=list(dict.fromkeys(keys)))
 
 
 def serve(config: TinkerServeConfig) -> None:
@@ -82,7 +100,7 @@ def serve(config: TinkerServeConfig) -> None:
 
     from agents.compose import cuda_available
     from trainers.lora import learner_device
-    from trainers.tinker.app import build_app
+    from trainers.tinker.app import build_app, uvicorn_options
     from trainers.tinker.samplers import build_sampler
     from trainers.tinker.service import TinkerService
 
@@ -90,7 +108,12 @@ def serve(config: TinkerServeConfig) -> None:
     device = learner_device(section.device, cuda_available())
     sampler = build_sampler(config.engine, config.model, shares_gpu=device == "cuda")
     service = TinkerService(
-        config.model.name, Path(section.run_dir), sampler, device=device, dtype=section.dtype
+        config.model.name,
+        Path(section.run_dir),
+        sampler,
+        device=device,
+        dtype=section.dtype,
+        limits=section.limits,
     )
     logger.info(
         "serving Tinker on http://%s:%d (%s, learners on %s, sampling on %s)",
@@ -102,10 +125,11 @@ def serve(config: TinkerServeConfig) -> None:
     )
     try:
         uvicorn.run(
-            build_app(service, section.api_key),
+            build_app(service, section.api_keys),
             host=section.host,
             port=section.port,
             log_level="warning",
+            **uvicorn_options(service),
         )
     finally:
         service.close()

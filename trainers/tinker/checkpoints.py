@@ -2,14 +2,25 @@
 run_dir/<model id>/<kind>/<name>, kind `weights` (save_state: the LoRA adapter and the Adam
 state) or `sampler_weights` (the adapter only). Paths resolve from disk, so a restarted
 server still serves the checkpoints of earlier runs in the same run directory.
+
+Names are checked here, once, by one rule for writing and reading: a model id is
+`<session>:train:<n>` with letters, digits and `-` in the session (so its directory name,
+`:` made `_`, maps back to one id), a checkpoint name letters, digits, `.`, `_`, `-` (not
+first a `.`). A checkpoint is written in run_dir/<model>/staging/ and renamed into place;
+snapshots (sampler weights without a name) go to run_dir/<model>/ephemeral/: neither folder
+is a name a client can give. Each run's record names its owner (`owner`), and a run or
+checkpoint of another owner reads as one that does not exist.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,49 +28,82 @@ from trainers.learner import Learner
 from trainers.tinker.errors import NotFound, UserError
 
 KINDS = ("weights", "sampler_weights")
+LOCAL = "local"
+"""The owner of every run on a server without keys (and of runs recorded before owners)."""
+MODEL_ID = re.compile(r"[A-Za-z0-9-]{1,80}:train:[0-9]{1,9}")
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+STAGING, EPHEMERAL = "staging", "ephemeral"
+
+
+def check_model_id(model_id: str) -> str:
+    """`model_id` if it is one the server could have issued.
+
+    Raises:
+        NotFound: any other string (nothing can be stored under it).
+    """
+    if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
+        raise NotFound(f"unknown model_id {model_id!r}")
+    return model_id
 
 
 def model_slug(model_id: str) -> str:
-    """The model's directory name under the run directory."""
-    return model_id.replace(":", "_").replace("/", "_")
+    """The model's directory name under the run directory (one-to-one: ids hold no `_`)."""
+    return check_model_id(model_id).replace(":", "_")
 
 
 def tinker_path(model_id: str, kind: str, name: str) -> str:
     return f"tinker://{model_id}/{kind}/{name}"
 
 
-def check_name(name: str) -> str:
-    """`name` if it is one safe path segment.
+def check_name(name: Any) -> str:
+    """`name` if it is a checkpoint name (`NAME`).
 
     Raises:
-        UserError: empty, hidden, or with a separator.
+        UserError: anything else.
     """
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise UserError(f"bad checkpoint name {name!r}: use one path segment")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise UserError(
+            f"bad checkpoint name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "not starting with '.'"
+        )
     return name
 
 
-def directory(run_dir: Path, path: str) -> Path:
-    """The directory of a saved `tinker://` checkpoint.
+def directory(run_dir: Path, path: str, owner: str | None = None) -> Path:
+    """The directory of a saved `tinker://` checkpoint (of `owner`'s runs, when given).
 
     Raises:
-        UserError: not a tinker:// checkpoint path, or nothing saved there.
+        UserError: not a tinker:// checkpoint path, or nothing saved there for `owner`.
     """
     parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
     if len(parts) != 3 or parts[1] not in KINDS:
         raise UserError(f"{path!r} is not a tinker://<model id>/<{'|'.join(KINDS)}>/<name> path")
-    found = run_dir / model_slug(check_name(parts[0])) / parts[1] / check_name(parts[2])
+    missing = UserError(f"no checkpoint at {path!r}")
+    if not MODEL_ID.fullmatch(parts[0]) or not NAME.fullmatch(parts[2]):
+        raise missing
+    found = run_dir / model_slug(parts[0]) / parts[1] / parts[2]
     if not (found / "adapter_config.json").exists():
-        raise UserError(f"no checkpoint at {path!r}")
+        raise missing
+    if owner is not None and run_owner(run_dir, parts[0]) != owner:
+        raise missing
     return found
 
 
-def save_state(learner: Learner, kind: str, name: str) -> Path:
+def save_state(learner: Learner, kind: str, name: str | None) -> Path:
     """Writes the adapter (and, for `weights`, the optimiser state) under the learner's
-    run directory; returns the directory."""
-    target = learner.save_adapter(f"{kind}/{check_name(name)}")
+    run directory, through a staging folder; returns the directory. Without a name: a
+    snapshot in the ephemeral folder, which the caller removes when done with it."""
+    staging = learner.run_dir / STAGING / secrets.token_hex(8)
+    learner.model.save_pretrained(staging)
     if kind == "weights":
-        torch.save(learner.optimizer.state_dict(), target / "optimizer.pt")
+        torch.save(learner.optimizer.state_dict(), staging / "optimizer.pt")
+    if name is None:
+        target = learner.run_dir / EPHEMERAL / secrets.token_hex(8)
+    else:
+        target = learner.run_dir / kind / check_name(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
     return target
 
 
@@ -100,44 +144,68 @@ CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
 
 
 def write_run_record(
-    run_dir: Path, model_id: str, base_model: str, rank: int, attn: bool, mlp: bool
+    run_dir: Path,
+    model_id: str,
+    base_model: str,
+    rank: int,
+    attn: bool,
+    mlp: bool,
+    owner: str = LOCAL,
 ) -> None:
     """Records a training client (once: a record already there is kept)."""
     target = run_dir / model_slug(model_id) / RUN_RECORD
     if target.exists():
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    record = {"model_id": model_id, "base_model": base_model, "lora_rank": rank}
+    record = {"model_id": model_id, "base_model": base_model, "lora_rank": rank, "owner": owner}
     record |= {"train_attn": attn, "train_mlp": mlp, "train_unembed": False}
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(record))
     partial.replace(target)
 
 
-def _record(run_dir: Path, model_id: str) -> tuple[Path, dict]:
-    """A training run's directory and record.
+def run_owner(run_dir: Path, model_id: str) -> str | None:
+    """The owner recorded for a run (None: no run with that id)."""
+    try:
+        return str(_record(run_dir, model_id)[1].get("owner", LOCAL))
+    except NotFound:
+        return None
+
+
+def _record(run_dir: Path, model_id: str, owner: str | None = None) -> tuple[Path, dict]:
+    """A training run's directory and record (of `owner`'s runs, when given).
 
     Raises:
-        NotFound: no training run with that id in the run directory.
+        NotFound: no training run with that id in the run directory for `owner`.
     """
-    found = run_dir / model_slug(check_name(model_id))
-    record_file = found / RUN_RECORD
-    if not record_file.exists():
-        raise NotFound(f"no training run {model_id!r}")
-    return found, json.loads(record_file.read_text())
+    missing = NotFound(f"no training run {model_id!r}")
+    if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
+        raise missing
+    found = run_dir / model_slug(model_id)
+    try:
+        record = json.loads((found / RUN_RECORD).read_text())
+    except (OSError, ValueError) as error:
+        raise missing from error
+    if not isinstance(record, dict) or record.get("model_id") != model_id:
+        raise missing
+    if owner is not None and record.get("owner", LOCAL) != owner:
+        raise missing
+    return found, record
 
 
 def _stamp(path: Path) -> str:
     return datetime.fromtimestamp(path.stat().st_mtime, tz=UTC).isoformat()
 
 
-def checkpoint_list(run_dir: Path, model_id: str) -> list[dict]:
+def checkpoint_list(run_dir: Path, model_id: str, owner: str | None = None) -> list[dict]:
     """The run's checkpoints as the REST API describes them, oldest first."""
-    found, _ = _record(run_dir, model_id)
+    found, _ = _record(run_dir, model_id, owner)
     listed = []
     for kind, checkpoint_type in CHECKPOINT_TYPES.items():
         for folder in (found / kind).glob("*/adapter_config.json"):
             folder = folder.parent
+            if not NAME.fullmatch(folder.name):
+                continue
             listed.append(
                 {
                     "checkpoint_id": f"{kind}/{folder.name}",
@@ -150,9 +218,9 @@ def checkpoint_list(run_dir: Path, model_id: str) -> list[dict]:
     return sorted(listed, key=lambda c: c["time"])
 
 
-def training_run(run_dir: Path, model_id: str) -> dict:
+def training_run(run_dir: Path, model_id: str, owner: str | None = None) -> dict:
     """The run as the REST API's TrainingRun describes it."""
-    found, record = _record(run_dir, model_id)
+    found, record = _record(run_dir, model_id, owner)
     listed = checkpoint_list(run_dir, model_id)
 
     def last(checkpoint_type: str) -> dict | None:
@@ -162,7 +230,7 @@ def training_run(run_dir: Path, model_id: str) -> dict:
     return {
         "training_run_id": record["model_id"],
         "base_model": record["base_model"],
-        "model_owner": "local",
+        "model_owner": record.get("owner", LOCAL),
         "is_lora": True,
         "lora_rank": record["lora_rank"],
         "last_request_time": max(stamps),
@@ -171,31 +239,44 @@ def training_run(run_dir: Path, model_id: str) -> dict:
     }
 
 
-def training_runs(run_dir: Path) -> list[dict]:
-    """Every recorded run in the run directory, most recently active first."""
-    ids = [json.loads(record.read_text())["model_id"] for record in run_dir.glob(f"*/{RUN_RECORD}")]
-    runs = [training_run(run_dir, model_id) for model_id in ids]
+def training_runs(run_dir: Path, owner: str | None = None) -> list[dict]:
+    """Every recorded run of `owner` in the run directory, most recently active first; a
+    folder that holds no valid record (written by hand, or by an older server) is skipped."""
+    runs = []
+    for folder in run_dir.glob(f"*/{RUN_RECORD}"):
+        model_id = folder.parent.name.replace("_", ":")
+        try:
+            runs.append(training_run(run_dir, model_id, owner))
+        except NotFound:
+            continue
     return sorted(runs, key=lambda r: r["last_request_time"], reverse=True)
 
 
-def weights_info(run_dir: Path, path: str) -> dict:
+def weights_info(run_dir: Path, path: str, owner: str | None = None) -> dict:
     """What a checkpoint holds: its base model and LoRA shape (the REST API's
-    WeightsInfoResponse)."""
-    directory(run_dir, path)  # refuses a malformed path or a missing checkpoint
+    WeightsInfoResponse).
+
+    Raises:
+        NotFound: a malformed path or no such checkpoint of `owner`'s.
+    """
+    try:
+        directory(run_dir, path, owner)
+    except UserError as error:
+        raise NotFound(str(error)) from error
     _, record = _record(run_dir, path.removeprefix("tinker://").split("/")[0])
     keys = ("base_model", "lora_rank", "train_attn", "train_mlp", "train_unembed")
     return {"is_lora": True} | {key: record[key] for key in keys}
 
 
-def delete(run_dir: Path, model_id: str, checkpoint_id: str) -> Path:
+def delete(run_dir: Path, model_id: str, checkpoint_id: str, owner: str | None = None) -> Path:
     """Removes a checkpoint (`weights/NAME` or `sampler_weights/NAME`); returns its directory.
 
     Raises:
-        NotFound: no such checkpoint.
+        NotFound: no such checkpoint of `owner`'s.
     """
     kind, _, name = checkpoint_id.partition("/")
     try:
-        found = directory(run_dir, tinker_path(model_id, kind, name))
+        found = directory(run_dir, tinker_path(model_id, kind, name), owner)
     except UserError as error:
         raise NotFound(str(error)) from error
     shutil.rmtree(found)

@@ -1,4 +1,4 @@
-"""The one error a Tinker call can blame on its caller."""
+"""The errors a Tinker call can blame on its caller."""
 
 from __future__ import annotations
 
@@ -11,3 +11,12 @@ class UserError(ValueError):
 class NotFound(UserError):
     """A training run or checkpoint the REST routes were asked for does not exist: HTTP 404,
     which the SDK raises as NotFoundError."""
+
+
+class TooMany(UserError):
+    """A request past a per-owner count (training clients, queued futures): HTTP 429, which
+    the SDK retries after a while."""
+
+
+class TooLarge(UserError):
+    """A request body past `max_body_bytes`: HTTP 413."""

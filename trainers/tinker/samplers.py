@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import uuid
+from collections import OrderedDict
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -59,11 +60,12 @@ class Sampler(Protocol):
 
 class TorchSampler:
     """Generates in this process: each adapter is loaded onto its own copy of the base
-    model once, and kept."""
+    model, and the `max_copies` most recently used copies are kept (an RL loop that samples
+    a new checkpoint each step holds a bounded number of them)."""
 
-    def __init__(self, model_name: str):
-        self.model_name = model_name
-        self._models: dict[str, Any] = {}
+    def __init__(self, model_name: str, max_copies: int = 4):
+        self.model_name, self.max_copies = model_name, max_copies
+        self._models: OrderedDict[str, Any] = OrderedDict()
         self._tokenizer: Any = None
 
     def sample(
@@ -109,13 +111,17 @@ class TorchSampler:
 
     def _model(self, adapter: Path | None) -> Any:
         key = str(adapter or "")
-        if key not in self._models:
-            base, _ = models.load(self.model_name)
-            if adapter is not None:
-                from peft import PeftModel
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
+        while len(self._models) >= self.max_copies:
+            self._models.popitem(last=False)
+        base, _ = models.load(self.model_name)
+        if adapter is not None:
+            from peft import PeftModel
 
-                base = PeftModel.from_pretrained(base, adapter)
-            self._models[key] = base.to(dtype=torch.float32).eval()
+            base = PeftModel.from_pretrained(base, adapter)
+        self._models[key] = base.to(dtype=torch.float32).eval()
         return self._models[key]
 
 

@@ -1,16 +1,24 @@
-"""The Tinker server's compute: LoRA training clients on clawgym's `Learner`, Tinker's losses,
-checkpoints under a run directory, and sampling sessions on them.
+"""The Tinker server's compute: LoRA training clients on clawgym's `Learner`, Tinker's losses
+(`trainers.tinker.losses`), checkpoints under a run directory, and sampling sessions on them,
+each held for the owner (API key) that made it.
 
-Every method runs on the server's one worker thread, so the models never see two calls at
-once. Tinker's losses are sums over tokens (not means), so the gradients of the chunks the
-SDK splits a forward_backward into add up to the gradient of the whole call.
+The compute methods run on the server's one worker thread, so the models never see two calls
+at once; the bookkeeping of sessions, owners and samplers is behind a lock, since the routes
+read it on the event loop. Tinker's losses are sums over tokens (not means), so the gradients
+of the chunks the SDK splits a forward_backward into add up to the gradient of the whole call.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
+import secrets
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,64 +29,43 @@ from agents import models
 from trainers.config import TrainerConfig
 from trainers.learner import Learner
 from trainers.tinker import checkpoints
-from trainers.tinker.errors import UserError
+from trainers.tinker.checkpoints import LOCAL
+from trainers.tinker.errors import NotFound, TooMany, UserError
+from trainers.tinker.limits import TinkerLimits
+from trainers.tinker.losses import (
+    ATTENTION,
+    LOSSES,
+    MLP,
+    _check_datum,
+    _check_loss_config,
+    _micro_batches,
+    _vocab,
+    tinker_loss,
+)
 from trainers.tinker.samplers import Sampler, TorchSampler
 from trainers.tinker.sampling import SamplingParams, batch_target_logprobs
 from trainers.tinker.wire import Datum, Sampled
 
+__all__ = ["SamplingParams", "TinkerService", "_check_datum", "_check_loss_config", "tinker_loss"]
+
 logger = logging.getLogger(__name__)
 
-LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
-"""The loss_fn values served (the SDK's forward_backward_custom runs on the client, over
-`forward` and a linearised cross_entropy, so it needs nothing more here)."""
 
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
+@dataclass(frozen=True)
+class SamplerSession:
+    """A sampling session: whose, opened in which SDK session, on what."""
 
-_POLICY_GRADIENT_INPUTS = ("target_tokens", "logprobs", "advantages")
-_LOSS_INPUTS = {"cross_entropy": ("target_tokens",)} | {
-    name: _POLICY_GRADIENT_INPUTS for name in LOSSES if name != "cross_entropy"
-}
-_CLIPS = {"ppo": (0.8, 1.2), "cispo": (0.0, 4.0)}
-"""Each clipped loss's default (clip_low_threshold, clip_high_threshold), as Tinker's."""
-DRO_BETA = 0.05
-"""Tinker's default weight of DRO's quadratic penalty."""
-
-
-def tinker_loss(
-    loss_fn: str, logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict
-) -> torch.Tensor:
-    """Per-token loss of one datum (summed by the caller), as Tinker defines it, with
-    ratio = exp(logp - sampling logp) and A the advantage.
-
-    cross_entropy: -weights * logp. importance_sampling: -ratio * A. ppo: the clipped
-    surrogate -min(ratio * A, clip(ratio) * A). cispo: -sg(clip(ratio)) * logp * A, the
-    clipped ratio a constant coefficient. dro: -(logp * A - beta / 2 * (logp - sampling
-    logp)^2). The clip range is [clip_low_threshold, clip_high_threshold] (ppo 0.8-1.2,
-    cispo 0-4 by default), beta 0.05 by default.
-    """
-    if loss_fn == "cross_entropy":
-        return -inputs.get("weights", torch.ones_like(logprobs)) * logprobs
-    advantages, sampled = inputs["advantages"], inputs["logprobs"]
-    if loss_fn == "dro":
-        beta = float(config.get("beta", DRO_BETA))
-        return -(logprobs * advantages - 0.5 * beta * (logprobs - sampled) ** 2)
-    ratio = torch.exp(logprobs - sampled)
-    if loss_fn == "importance_sampling":
-        return -ratio * advantages
-    default_low, default_high = _CLIPS[loss_fn]
-    clipped = ratio.clamp(
-        float(config.get("clip_low_threshold", default_low)),
-        float(config.get("clip_high_threshold", default_high)),
-    )
-    if loss_fn == "cispo":
-        return -clipped.detach() * logprobs * advantages
-    return -torch.minimum(ratio * advantages, clipped * advantages)
+    owner: str
+    session: str | None
+    path: str | None
+    """The tinker:// checkpoint it samples (None: the base model, or a snapshot)."""
+    snapshot: Path | None = None
+    """The unnamed snapshot of a training client's weights it samples, removed with it."""
 
 
 class TinkerService:
-    """The service behind clawgym's Tinker API (`trainers.tinker.app`): training clients
-    and samplers on one base model.
+    """The service behind clawgym's Tinker API (`trainers.tinker.app`): sessions, training
+    clients and samplers on one base model, each visible only to its owner.
 
     Args:
         model_name: the base model served, as `agents.models.resolve` takes it.
@@ -86,6 +73,7 @@ class TinkerService:
         sampler: who samples (default: `TorchSampler`, in this process).
         device, dtype: where the training clients' learners train and in what (as
             `trainer.device` and `trainer.dtype` take them: auto is a GPU when there is one).
+        limits: what clients may ask for (`TinkerLimits`' defaults when None).
     """
 
     def __init__(
@@ -95,15 +83,25 @@ class TinkerService:
         sampler: Sampler | None = None,
         device: str = "cpu",
         dtype: str = "auto",
+        limits: TinkerLimits | None = None,
     ):
         self.model_name, self.run_dir = model_name, Path(run_dir)
         self.device, self.dtype = device, dtype
-        self.sampler: Sampler = sampler or TorchSampler(model_name)
+        self.limits = limits or TinkerLimits()
+        self.sampler: Sampler = sampler or TorchSampler(model_name, self.limits.max_sampler_copies)
         self.learners: dict[str, Learner] = {}
-        self.samplers: dict[str, str | None] = {}
-        """Sampling session id -> the tinker:// path it samples (None: the base model)."""
+        self.owners: dict[str, str] = {}
+        """Live training client -> its owner."""
+        self.sessions: dict[str, str] = {}
+        """SDK session id -> its owner."""
+        self.samplers: OrderedDict[str, SamplerSession] = OrderedDict()
+        """Sampling session id -> what it samples, least recently used first."""
+        self._lock = threading.RLock()
         config = json.loads((models.resolve(model_name) / "config.json").read_text())
         self.vocab_size = int(config["vocab_size"])
+        context = int(config.get("max_position_embeddings") or self.limits.max_seq_len)
+        self.context = min(self.limits.max_seq_len, context)
+        """The longest datum, or prompt plus max_tokens, served."""
 
     def capabilities(self) -> list[dict[str, Any]]:
         return [{"model_name": self.model_name, "trainable": True, "sampleable": True}]
@@ -120,6 +118,64 @@ class TinkerService:
                 f"unknown base model {base_model!r}; this server serves {self.model_name!r}"
             )
 
+    def open_session(self, owner: str) -> str:
+        """A new SDK session of `owner`'s; its id is random, so never one of another run's."""
+        session_id = f"session-{secrets.token_hex(16)}"
+        with self._lock:
+            self.sessions[session_id] = owner
+        return session_id
+
+    def check_session(self, owner: str, session_id: Any) -> str:
+        """Raises NotFound unless `session_id` is a live session of `owner`'s."""
+        with self._lock:
+            if not isinstance(session_id, str) or self.sessions.get(session_id) != owner:
+                raise NotFound(f"unknown session {session_id!r}")
+        return session_id
+
+    def finish_session(self, owner: str, session_id: str) -> None:
+        """Frees what the session holds: its training clients' learners and its samplers
+        (their checkpoints stay on disk)."""
+        self.check_session(owner, session_id)
+        with self._lock:
+            del self.sessions[session_id]
+            models_held = [m for m in self.owners if m.startswith(f"{session_id}:")]
+            samplers = [s for s, r in self.samplers.items() if r.session == session_id]
+        for model_id in models_held:
+            self.unload(model_id)
+        for sampler_id in samplers:
+            self.close_sampler(sampler_id)
+
+    def model_id(self, owner: str, session_id: Any, seq_id: Any) -> str:
+        """The id of the session's `seq_id`th training client (as the SDK derives it)."""
+        self.check_session(owner, session_id)
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or not 0 <= seq_id < 10**9:
+            raise UserError(f"model_seq_id must be an integer from 0 to 10^9, got {seq_id!r}")
+        return f"{session_id}:train:{seq_id}"
+
+    def check_owner(self, owner: str, model_id: Any) -> str:
+        """Raises NotFound unless `model_id` is a live training client of `owner`'s."""
+        with self._lock:
+            if not isinstance(model_id, str) or self.owners.get(model_id) != owner:
+                raise NotFound(f"unknown model_id {model_id!r}")
+        return model_id
+
+    def check_capacity(self, owner: str) -> None:
+        """Raises TooMany when `owner` holds `max_training_clients` training clients."""
+        with self._lock:
+            held = sum(1 for o in self.owners.values() if o == owner)
+        if held >= self.limits.max_training_clients:
+            raise TooMany(
+                f"this key holds {held} training clients, the limit "
+                f"(tinker.limits.max_training_clients): finish a session or unload one"
+            )
+
+    def check_rank(self, rank: int) -> None:
+        if not 1 <= rank <= self.limits.max_lora_rank:
+            raise UserError(
+                f"LoRA rank must be from 1 to {self.limits.max_lora_rank} "
+                f"(tinker.limits.max_lora_rank), got {rank}"
+            )
+
     def create_model(
         self,
         model_id: str,
@@ -128,15 +184,19 @@ class TinkerService:
         seed: int | None = None,
         attn: bool = True,
         mlp: bool = True,
+        owner: str = LOCAL,
     ) -> None:
         """A LoRA of `rank` on the attention and / or MLP projections (Tinker's train_attn,
         train_mlp; train_unembed is not served: the unembedding never gets an adapter)."""
         self.check_model(base_model)
-        if rank < 1:
-            raise UserError(f"LoRA rank must be at least 1, got {rank}")
+        self.check_rank(rank)
         targets = [*(ATTENTION if attn else ()), *(MLP if mlp else ())]
         if not targets:
             raise UserError("train_attn and train_mlp are both false: nothing to train")
+        slug = checkpoints.model_slug(model_id)
+        if model_id in self.learners or checkpoints.run_owner(self.run_dir, model_id):
+            raise UserError(f"model_id {model_id!r} exists: use the next model_seq_id")
+        self.check_capacity(owner)
         if seed is not None:
             torch.manual_seed(seed)
         config = TrainerConfig(
@@ -146,15 +206,37 @@ class TinkerService:
             device=self.device,
             dtype=self.dtype,
         )
-        self.learners[model_id] = Learner(
-            self.model_name, config, self.run_dir / checkpoints.model_slug(model_id)
+        learner = Learner(self.model_name, config, self.run_dir / slug)
+        checkpoints.write_run_record(
+            self.run_dir, model_id, self.model_name, rank, attn, mlp, owner
         )
-        checkpoints.write_run_record(self.run_dir, model_id, self.model_name, rank, attn, mlp)
+        with self._lock:
+            self.learners[model_id], self.owners[model_id] = learner, owner
+
+    def unload(self, model_id: str) -> None:
+        """Frees a training client's learner (its run and checkpoints stay on disk)."""
+        with self._lock:
+            learner = self.learners.pop(model_id, None)
+            self.owners.pop(model_id, None)
+        if learner is not None:
+            del learner
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def learner(self, model_id: str) -> Learner:
         if model_id not in self.learners:
-            raise UserError(f"unknown model_id {model_id!r}")
+            raise NotFound(f"unknown model_id {model_id!r}")
         return self.learners[model_id]
+
+    def check_data(self, data: tuple[Datum, ...]) -> None:
+        """Raises UserError for a datum longer than the served context."""
+        for index, datum in enumerate(data):
+            if len(datum.tokens) > self.context:
+                raise UserError(
+                    f"datum {index} has {len(datum.tokens)} tokens, over the {self.context} "
+                    "served (the model's context, or tinker.limits.max_seq_len)"
+                )
 
     def forward_backward(
         self, model_id: str, loss_fn: str, config: dict, data: tuple[Datum, ...], forward_only: bool
@@ -165,7 +247,9 @@ class TinkerService:
         if loss_fn not in LOSSES:
             raise UserError(f"unknown loss_fn {loss_fn!r}; this server serves {LOSSES}")
         _check_loss_config(loss_fn, config)
-        checked = [_check_datum(d, i, loss_fn, _vocab(learner.model)) for i, d in enumerate(data)]
+        self.check_data(data)
+        vocab = _vocab(learner.model)
+        checked = [_check_datum(d, i, loss_fn, vocab) for i, d in enumerate(data)]
         outputs, total = [], 0.0
         on = learner.device
         with torch.set_grad_enabled(not forward_only):
@@ -215,28 +299,92 @@ class TinkerService:
         self.sampler.forget(directory)
         return checkpoints.tinker_path(model_id, kind, name)
 
-    def load(self, model_id: str, path: str, optimizer: bool) -> None:
+    def load(self, model_id: str, path: str, optimizer: bool, owner: str = LOCAL) -> None:
         """load_state into an existing model, or a new model created from the checkpoint."""
-        found = checkpoints.directory(self.run_dir, path)
+        found = checkpoints.directory(self.run_dir, path, owner)
         if model_id not in self.learners:
             rank, targets = checkpoints.adapter_shape(found)
             attn, mlp = bool(targets & set(ATTENTION)), bool(targets & set(MLP))
-            self.create_model(model_id, self.model_name, rank, None, attn, mlp)
+            self.create_model(model_id, self.model_name, rank, None, attn, mlp, owner)
         checkpoints.load_state(self.learners[model_id], found, optimizer)
 
-    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str, owner: str = LOCAL) -> None:
         """Removes a saved checkpoint (`weights/NAME` or `sampler_weights/NAME`)."""
-        self.sampler.forget(checkpoints.delete(self.run_dir, model_id, checkpoint_id))
+        found = checkpoints.delete(self.run_dir, model_id, checkpoint_id, owner)
+        self.sampler.forget(found)
 
-    def open_sampler(self, model_path: str | None, base_model: str | None) -> str:
-        """A sampling session on a checkpoint (or, with no path, the base model)."""
+    def open_sampler(
+        self,
+        model_path: str | None,
+        base_model: str | None,
+        owner: str = LOCAL,
+        session: str | None = None,
+    ) -> str:
+        """A sampling session on one of `owner`'s checkpoints (or, with no path, the base
+        model)."""
         if model_path is None:
             self.check_model(base_model)
         else:
-            checkpoints.directory(self.run_dir, model_path)
-        sampler_id = f"sampler-{len(self.samplers)}"
-        self.samplers[sampler_id] = model_path
+            checkpoints.directory(self.run_dir, model_path, owner)
+        return self._add_sampler(SamplerSession(owner, session, model_path))
+
+    def snapshot_sampler(self, model_id: str) -> str:
+        """A sampling session on a snapshot of the training client's weights now (the
+        SDK's save_weights_for_sampler without a name), removed when the session closes."""
+        snapshot = checkpoints.save_state(self.learner(model_id), "sampler_weights", None)
+        owner, session = self.owners[model_id], model_id.split(":")[0]
+        return self._add_sampler(SamplerSession(owner, session, None, snapshot))
+
+    def _add_sampler(self, record: SamplerSession) -> str:
+        """Registers it; past `max_samplers` of the owner's, the least recently used closes."""
+        sampler_id = f"sampler-{secrets.token_urlsafe(16)}"
+        with self._lock:
+            self.samplers[sampler_id] = record
+            mine = [s for s, r in self.samplers.items() if r.owner == record.owner]
+        for old in mine[: max(0, len(mine) - self.limits.max_samplers)]:
+            self.close_sampler(old)
         return sampler_id
+
+    def sampler_session(self, owner: str, sampler_id: Any) -> SamplerSession:
+        """`owner`'s sampling session, now the most recently used.
+
+        Raises:
+            NotFound: no such session of `owner`'s (closed, or never opened).
+        """
+        with self._lock:
+            record = self.samplers.get(sampler_id) if isinstance(sampler_id, str) else None
+            if record is None or record.owner != owner:
+                raise NotFound(f"unknown sampling session {sampler_id!r}")
+            self.samplers.move_to_end(sampler_id)
+        return record
+
+    def close_sampler(self, sampler_id: str) -> None:
+        with self._lock:
+            record = self.samplers.pop(sampler_id, None)
+        if record is not None and record.snapshot is not None:
+            self.sampler.forget(record.snapshot)
+            shutil.rmtree(record.snapshot, ignore_errors=True)
+
+    def check_sample(self, prompt: list[int], num_samples: int, params: SamplingParams) -> None:
+        """Raises UserError for a call past the limits or the vocabulary."""
+        limits = self.limits
+        if not 1 <= num_samples <= limits.max_num_samples:
+            raise UserError(
+                f"num_samples must be from 1 to {limits.max_num_samples} "
+                f"(tinker.limits.max_num_samples), got {num_samples}"
+            )
+        if params.max_tokens > limits.max_tokens:
+            raise UserError(
+                f"max_tokens {params.max_tokens} is over {limits.max_tokens} "
+                "(tinker.limits.max_tokens)"
+            )
+        if len(prompt) + params.max_tokens > self.context:
+            raise UserError(
+                f"the prompt's {len(prompt)} tokens and max_tokens {params.max_tokens} are "
+                f"over the {self.context} served (the model's context, or max_seq_len)"
+            )
+        if not prompt or max(prompt) >= self.vocab_size or min(prompt) < 0:
+            raise UserError("the prompt must be a non-empty list of token ids in the vocabulary")
 
     def sample(
         self,
@@ -248,72 +396,14 @@ class TinkerService:
     ) -> tuple[list[Sampled], list[float] | None]:
         """`num_samples` continuations of `prompt`, and the prompt's own log-probs (NaN
         first) when asked."""
-        if sampler_id not in self.samplers:
-            raise UserError(f"unknown sampling session {sampler_id!r}")
-        if not prompt or max(prompt) >= self.vocab_size or min(prompt) < 0:
-            raise UserError("the prompt must be a non-empty list of token ids in the vocabulary")
-        path = self.samplers[sampler_id]
-        adapter = checkpoints.directory(self.run_dir, path) if path else None
+        record = self.samplers.get(sampler_id)
+        if record is None:
+            raise NotFound(f"unknown sampling session {sampler_id!r}")
+        self.check_sample(prompt, num_samples, params)
+        adapter = record.snapshot
+        if record.path is not None:
+            adapter = checkpoints.directory(self.run_dir, record.path, record.owner)
         return self.sampler.sample(adapter, prompt, num_samples, params, prompt_logprobs)
 
     def close(self) -> None:
         self.sampler.close()
-
-
-def _micro_batches(rows: list[_Checked], budget: int) -> list[list[_Checked]]:
-    """Consecutive groups whose padded size (rows x longest) stays within the budget."""
-    batches: list[list[_Checked]] = [[]]
-    for row in rows:
-        longest = max(len(t) for t, _ in [*batches[-1], row])
-        if batches[-1] and longest * (len(batches[-1]) + 1) > budget:
-            batches.append([])
-        batches[-1].append(row)
-    return batches if batches[-1] else []
-
-
-def _vocab(model: Any) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
-
-
-_Checked = tuple[torch.Tensor, dict[str, torch.Tensor]]
-"""A datum's tokens and loss inputs, checked."""
-
-
-_LOSS_CONFIG = {"ppo": ("clip_low_threshold", "clip_high_threshold"), "dro": ("beta",)}
-_LOSS_CONFIG["cispo"] = _LOSS_CONFIG["ppo"]
-
-
-def _check_loss_config(loss_fn: str, config: dict | None) -> None:
-    """Only the loss's own settings, each a number: a typo must not train on a default."""
-    allowed = _LOSS_CONFIG.get(loss_fn, ())
-    for name, value in (config or {}).items():
-        if name not in allowed:
-            raise UserError(
-                f"{loss_fn} takes no loss_fn_config {name!r}"
-                + (f"; it takes {list(allowed)}" if allowed else "")
-            )
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"loss_fn_config {name!r} must be a number, got {value!r}")
-
-
-def _check_datum(datum: Datum, index: int, loss_fn: str, vocab: int) -> _Checked:
-    """The datum's tokens and loss inputs as tensors, after checking names and shapes."""
-    length = len(datum.tokens)
-    if length == 0:
-        raise UserError(f"datum {index}: empty model_input")
-    missing = [n for n in _LOSS_INPUTS[loss_fn] if n not in datum.inputs]
-    if missing:
-        raise UserError(f"datum {index}: {loss_fn} needs loss_fn_inputs {missing}")
-    inputs = {}
-    for name, array in datum.inputs.items():
-        if array.shape != (length,):
-            raise UserError(
-                f"datum {index}: {name} has shape {list(array.shape)}, "
-                f"model_input has {length} tokens"
-            )
-        inputs[name] = torch.from_numpy(array.copy())
-    targets = inputs["target_tokens"] = inputs["target_tokens"].long()
-    tokens = torch.tensor(datum.tokens)
-    if int(max(tokens.max(), targets.max())) >= vocab or int(min(tokens.min(), targets.min())) < 0:
-        raise UserError(f"datum {index}: token ids outside the vocabulary of {vocab}")
-    return tokens, {n: t if n == "target_tokens" else t.float() for n, t in inputs.items()}
