@@ -24,9 +24,8 @@ import httpx
 import openai
 
 from agents.engines.base import Completion, ContextExceeded, SamplingParams
-from agents.serving.sessions import sampled_turn
 from agents.store import Store
-from agents.trajectory import Session, SessionStatus, TurnType
+from agents.trajectory import Session, SessionStatus, TurnType, sampled_turn
 
 Message = Mapping[str, Any]
 

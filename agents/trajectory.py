@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agents.engines.base import Completion
 
 Message = Mapping[str, Any]
 
@@ -123,3 +126,31 @@ class Session:
     def replace(self, **changes: Any) -> Session:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def sampled_turn(
+    session_id: str,
+    index: int,
+    turn_type: TurnType,
+    messages: Sequence[Mapping[str, Any]],
+    completion: Completion,
+    reply: Mapping[str, Any],
+    tools: Sequence[Mapping[str, Any]],
+) -> Turn:
+    """The turn an engine's completion makes, token-exact, with the reply as the client saw
+    it (tool-call ids included). A server that names no token ids (an OpenAI endpoint the
+    leaderboard plays) may still give log-probs: with no tokens to pin them to they would
+    train nothing, so the turn keeps neither."""
+    exact = bool(completion.completion_token_ids)
+    return Turn(
+        session_id=session_id,
+        index=index,
+        turn_type=turn_type,
+        prompt_messages=tuple(messages),
+        prompt_token_ids=completion.prompt_token_ids,
+        completion_token_ids=completion.completion_token_ids,
+        completion_logprobs=completion.completion_logprobs if exact else (),
+        completion=reply,
+        policy_version=completion.policy_version,
+        tools=tuple(tools),
+    )

@@ -59,7 +59,7 @@ from agents.serving.identity import (
     owner_tag,
 )
 from agents.store import Store
-from agents.trajectory import Session, SessionStatus, Turn, TurnType
+from agents.trajectory import Session, SessionStatus, TurnType, sampled_turn
 
 logger = logging.getLogger(__name__)
 
@@ -319,31 +319,3 @@ def _owns(owner: str | None, info: SessionInfo) -> bool:
     """Whether the request's client opened the session: its scope is kept (all clients of a
     scope are one), or, in a store written before scopes, its credential."""
     return owned_by(owner, info.scope.encode()) or owned_by(owner, info.credential)
-
-
-def sampled_turn(
-    session_id: str,
-    index: int,
-    turn_type: TurnType,
-    messages: Sequence[Mapping[str, Any]],
-    completion: Completion,
-    reply: Mapping[str, Any],
-    tools: Sequence[Mapping[str, Any]],
-) -> Turn:
-    """The turn an engine's completion makes, token-exact, with the reply as the client saw
-    it (tool-call ids included). A server that names no token ids (an OpenAI endpoint the
-    leaderboard plays) may still give log-probs: with no tokens to pin them to they would
-    train nothing, so the turn keeps neither."""
-    exact = bool(completion.completion_token_ids)
-    return Turn(
-        session_id=session_id,
-        index=index,
-        turn_type=turn_type,
-        prompt_messages=tuple(messages),
-        prompt_token_ids=completion.prompt_token_ids,
-        completion_token_ids=completion.completion_token_ids,
-        completion_logprobs=completion.completion_logprobs if exact else (),
-        completion=reply,
-        policy_version=completion.policy_version,
-        tools=tuple(tools),
-    )

@@ -24,12 +24,17 @@ import pytest
 
 from agents.engines.vllm_server import free_port
 from agents.serving.histories import INTERNAL_CONTEXT
+from agents.serving.identity import bearer, home_credentials, scope_of, stored_id
 from agents.store import Store
 from agents.trajectory import TurnType
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENCLAW = Path(os.environ.get("CLAWGYM_OPENCLAW_DIR") or ROOT / ".openclaw-node") / "bin/openclaw"
 SESSION = "claw-session-1"
+# What OpenClaw sends as its bearer token; on a proxy without a key any credential is let in
+# and its sessions are its own: the store keeps them under the credential's scope.
+KEY = "unused-on-loopback"
+STORED = stored_id(scope_of(bearer(KEY), home_credentials(None)), SESSION)
 
 # Slow as well: over a minute, so out of the default run; `pytest -m openclaw` runs it.
 pytestmark = [
@@ -87,7 +92,7 @@ def openclaw_home(root: Path, base_url: str) -> Path:
             "providers": {
                 "clawgym": {
                     "baseUrl": base_url,
-                    "apiKey": "unused-on-loopback",
+                    "apiKey": KEY,
                     "api": "openai-completions",
                     "models": [
                         {
@@ -149,7 +154,7 @@ def test_two_openclaw_turns_are_recorded_and_linked(server, tmp_path):
         (session,) = store.sessions()
         turns = store.session(session.session_id).turns
     # The session id comes from OpenClaw's affinity headers (`<id>:0`), not a fresh one.
-    assert session.session_id == SESSION
+    assert session.session_id == STORED
     assert [(t.index, t.turn_type) for t in turns] == [(0, TurnType.MAIN), (1, TurnType.MAIN)]
     for turn in turns:
         assert len(turn.prompt_token_ids) > 10_000 and turn.tools
@@ -220,7 +225,7 @@ def test_openclaw_drives_a_training_run_that_trains_on_its_turns(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["steps"], summary["adapter_version"]) == (1, 1)
     with Store(run_dir / "store.sqlite") as store:
-        turns = store.session(SESSION).turns
+        turns = store.session(STORED).turns
     first = turns[0]
     assert first.judgement is not None and first.judgement.score == -1.0
     assert first.status == "trained" and len(first.prompt_token_ids) > 10_000

@@ -18,7 +18,7 @@ USER = [{"role": "user", "content": "What is 2 + 2?"}]
 
 def test_proxy_over_vllm_records_token_exact_turns(vllm_engine, tiny_adapters, tmp_path):
     with Store(tmp_path / "s.sqlite") as store, running(vllm_engine, store) as (url, proxy):
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300)
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
         headers = {"X-Session-Id": "vllm"}
         reply = client.chat.completions.create(
             model="policy", messages=USER, max_tokens=8, temperature=1.0, extra_headers=headers
