@@ -5,12 +5,12 @@ mask marks the padding and explicit position ids give each row its own positions
 row's logits are those it would get alone (to float rounding). A step feeds every active
 row the token it sampled last: one forward pass over the whole batch. Requests that
 arrive meanwhile are prefilled together in one forward pass, then their cache rows are
-left-padded to the batch's length and concatenated onto it; finished or cancelled rows are
-dropped and columns that are padding in every row are trimmed. The cache is copied only
-when rows join or leave, never on a plain step: a step writes its column into spare columns
-of the cache's buffers (`agents.engines.kv_layout`). (Per-sequence caches would have to be
-stacked, i.e. copied, every step; transformers' `generate` cannot admit a request while
-others run.)
+written, left-padded to the batch's length, into spare rows of the batch's buffers; finished
+or cancelled rows are dropped (the last rows move into their places) and columns that are
+padding in every row are trimmed. Neither copies the batch's other rows, and a plain step
+writes its column into spare columns (`agents.engines.kv_layout`). (Per-sequence caches
+would have to be stacked, i.e. copied, every step; transformers' `generate` cannot admit a
+request while others run.)
 
 Prefix reuse: a request's prompt is prefilled only from where the longest prefix of it that
 the engine computed before ends (`agents.engines.prefix_cache`: earlier prompts, and earlier
@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
 from agents.engines.base import SamplingParams
-from agents.engines.kv_layout import concat_rows, row_kv, select_rows, with_prefixes
+from agents.engines.kv_layout import add_rows, drop_rows, row_kv, trim_columns, with_prefixes
 from agents.engines.lora_slots import AdapterTable, drop_row_hooks
 from agents.engines.prefix_cache import Key, PrefixCache
 from agents.engines.sampling import pick_tokens
@@ -321,7 +321,7 @@ class Scheduler:
         self._remember(fresh, range(len(requests)))
         done = self._sample(fresh, logprobs)
         self._retire([r for r, d in zip(requests, done, strict=True) if d])
-        self._batch = _merge(self._batch, _drop(fresh, done))
+        self._batch = _merge(self._batch, _drop(fresh, done), self.max_batch)
 
     def _step(self) -> None:
         batch = self._batch
@@ -337,10 +337,10 @@ class Scheduler:
         logprobs, batch.cache = self._forward(batch.rows, ids, batch.mask, positions, batch.cache)
         done = self._sample(batch, logprobs)
         self._retire([r for r, d in zip(batch.rows, done, strict=True) if d])
-        self._batch = _drop(batch, done)
-        # after the drop (their callers already have their last token): `batch` still holds
-        # the finished rows' KV
+        # before the drop, which writes other rows over the finished rows' KV (their callers
+        # already have their last token)
         self._remember(batch, [row for row, finished in enumerate(done) if finished])
+        self._batch = _drop(batch, done)
 
     def _forward(
         self,
@@ -454,28 +454,32 @@ class _Layout:
 
 
 def _drop(batch: _Batch, gone: list[bool]) -> _Batch | None:
-    """The batch without the rows flagged `gone`, trimmed of all-padding columns."""
+    """The batch without the rows flagged `gone` (the cache changed in place: the last rows
+    move into the gaps), trimmed of all-padding columns."""
     if not any(gone):
         return batch
-    keep = [i for i, g in enumerate(gone) if not g]
-    if not keep:
+    if all(gone):
         return None
-    mask = batch.mask[torch.tensor(keep)]
+    order = drop_rows(batch.cache, gone)
+    mask = batch.mask[torch.tensor(order)]
     start = int(mask.any(0).nonzero()[0])
-    rows, last = [batch.rows[i] for i in keep], [batch.last[i] for i in keep]
-    return _Batch(rows, select_rows(batch.cache, keep, start), mask[:, start:], last)
+    if start:
+        trim_columns(batch.cache, start)
+    rows, last = [batch.rows[i] for i in order], [batch.last[i] for i in order]
+    return _Batch(rows, batch.cache, mask[:, start:], last)
 
 
-def _merge(batch: _Batch | None, fresh: _Batch | None) -> _Batch | None:
-    """Both batches' rows in one, each left-padded to the longer one's columns."""
+def _merge(batch: _Batch | None, fresh: _Batch | None, max_rows: int) -> _Batch | None:
+    """Both batches' rows in one (the first one's cache grown in place), each left-padded to
+    the longer one's columns."""
     if batch is None or fresh is None:
         return batch or fresh
-    width = max(batch.mask.shape[1], fresh.mask.shape[1])
+    grown = add_rows(batch.cache, fresh.cache, max_rows)
+    width = batch.mask.shape[1] + grown
     mask = torch.cat(
         [
-            F.pad(batch.mask, (width - batch.mask.shape[1], 0)),
+            F.pad(batch.mask, (grown, 0)),
             F.pad(fresh.mask, (width - fresh.mask.shape[1], 0)),
         ]
     )
-    cache = concat_rows(batch.cache, fresh.cache)
-    return _Batch(batch.rows + fresh.rows, cache, mask, batch.last + fresh.last)
+    return _Batch(batch.rows + fresh.rows, batch.cache, mask, batch.last + fresh.last)
