@@ -205,9 +205,10 @@ def test_a_store_written_by_schema_1_opens_migrated_with_every_turn_kept(tmp_pat
         assert second.completion_top_ids == second.completion_top_logprobs == ()
         # the migrated store takes new turns with their top-k
         top = make_turn(
-            index=2, completion_top_ids=((4, 9), (5, 4)), completion_top_logprobs=((-0.5, -1.0),
-            (-1.25, -2.0))
-        )  # fmt: skip
+            index=2,
+            completion_top_ids=((4, 9), (5, 4)),
+            completion_top_logprobs=((-0.5, -1.0), (-1.25, -2.0)),
+        )
         store.add_turn(top)
         assert store.turns()[-1][1] == top
     with Store(path):  # opening it again migrates nothing twice
@@ -230,8 +231,10 @@ def test_a_store_newer_than_the_code_is_refused(tmp_path):
 
 
 def test_top_k_round_trips_and_a_misshapen_top_k_is_refused(store):
-    turn = make_turn(completion_top_ids=((4, 1, 2), (5, 4, 0)),
-                     completion_top_logprobs=((-0.5, -1.5, -2.0), (-1.25, -1.5, -3.0)))  # fmt: skip
+    turn = make_turn(
+        completion_top_ids=((4, 1, 2), (5, 4, 0)),
+        completion_top_logprobs=((-0.5, -1.5, -2.0), (-1.25, -1.5, -3.0)),
+    )
     store.add_session(Session("s", "e"))
     store.add_turn(turn)
     assert store.turns()[0][1] == turn

@@ -183,11 +183,18 @@ def _top_entry(token_id, logprob, tops):
 
 def test_top_k_is_asked_for_as_k_plus_one_ids_and_read_back_sorted():
     sampling = SamplingParams(top_logprobs=2)
-    body = chat_body("m", [{"role": "user", "content": "hi"}], None, sampling, token_ids=True,
-                     logprobs=True)  # fmt: skip
+    body = chat_body(
+        "m", [{"role": "user", "content": "hi"}], None, sampling, token_ids=True, logprobs=True
+    )
     assert body["top_logprobs"] == 3 and body["return_tokens_as_token_ids"] is True
-    plain = chat_body("m", [{"role": "user", "content": "hi"}], None, SamplingParams(),
-                      token_ids=True, logprobs=True)  # fmt: skip
+    plain = chat_body(
+        "m",
+        [{"role": "user", "content": "hi"}],
+        None,
+        SamplingParams(),
+        token_ids=True,
+        logprobs=True,
+    )
     assert "top_logprobs" not in plain and "return_tokens_as_token_ids" not in plain
     response = {
         "prompt_token_ids": [1],
