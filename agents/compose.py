@@ -187,6 +187,7 @@ def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID
         session_idle_s=serve.session_idle_s,
         idle_timeout_s=serve.idle_timeout_s,
         request_timeout_s=serve.request_timeout_s,
+        top_logprobs=serve.top_logprobs,
     )
 
 

@@ -156,6 +156,9 @@ class ServeSection:
     """A request must arrive whole (head and body) within this long of its first byte."""
     log_level: str = "info"
     """`python -m agents.serve`: the server's log level."""
+    top_logprobs: int = 0
+    """Top-k log-probs each turn keeps at each sampled position, whatever its client asks
+    for (0-20); a training run sets it to its top-k method's `method.k`."""
 
 
 def is_loopback(host: str) -> bool:
@@ -196,6 +199,8 @@ def validate_serve(serve: ServeSection) -> None:
         raise ValueError(f"serve.turn_type must be main or side, got {serve.turn_type!r}")
     if not 0 <= serve.port < 65536:
         raise ValueError(f"serve.port must be in 0..65535, got {serve.port}")
+    if not 0 <= serve.top_logprobs <= 20:
+        raise ValueError(f"serve.top_logprobs must be in 0..20, got {serve.top_logprobs}")
     limits = {
         "session_idle_s": serve.session_idle_s,
         "idle_timeout_s": serve.idle_timeout_s,

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.store_migrations import FIRST_VERSION, migrate
 from agents.store_rows import (
     export_features,
     export_row,
@@ -28,8 +29,6 @@ from agents.store_rows import (
     turn_values,
 )
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnStatus, TurnType
-
-SCHEMA_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,7 +75,8 @@ class Store:
     """Turns and sessions of one run in one SQLite file.
 
     Args:
-        path: the database file; created with its schema if missing.
+        path: the database file; created with its schema if missing, brought up to this
+            clawgym's schema if older (`agents.store_migrations`).
         synchronous: SQLite's durability level, "NORMAL" or "FULL" (see module docstring).
         busy_timeout_s: how long a writer waits for another writer's lock.
     """
@@ -100,15 +100,9 @@ class Store:
         self._db().executescript(_SCHEMA)  # idempotent; executescript commits on its own
         with self._write() as db:
             db.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(FIRST_VERSION),)
             )
-        found = int(
-            self._db().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
-        )
-        if found != SCHEMA_VERSION:
-            raise ValueError(
-                f"{self.path} has store schema {found}; this clawgym reads {SCHEMA_VERSION}"
-            )
+        migrate(self._db(), self.path)
 
     # -- connections ---------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
@@ -257,8 +251,9 @@ class Store:
             "INSERT INTO turns (session_id, idx, turn_type, prompt_messages, prompt_token_ids, "
             "completion_token_ids, completion_logprobs, completion, policy_version, tools, "
             "next_state, "
-            "env_reward, votes, score, hint, teacher_logprobs, status, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "env_reward, votes, score, hint, teacher_logprobs, status, created_at, "
+            "completion_top_ids, completion_top_logprobs) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             turn_values(turn),
         )
         return int(cursor.lastrowid or 0)

@@ -75,7 +75,18 @@ def turn_values(turn: Turn) -> tuple[Any, ...]:
         None if judgement is None else _pack(judgement.teacher_logprobs, _LOGPROBS),
         str(turn.status),
         turn.created_at,
+        _pack([i for top in turn.completion_top_ids for i in top] or None, _IDS),
+        _pack([lp for top in turn.completion_top_logprobs for lp in top] or None, _LOGPROBS),
     )
+
+
+def _unpack_top(blob: bytes | None, typecode: str, tokens: int) -> tuple[tuple[Any, ...], ...]:
+    """A turn's top-k rows from their flat blob (k values per completion token)."""
+    if blob is None or not tokens:
+        return ()
+    flat = _unpack(blob, typecode)
+    k = len(flat) // tokens
+    return tuple(flat[i : i + k] for i in range(0, len(flat), k))
 
 
 def turn_from_row(row: sqlite3.Row) -> Turn:
@@ -88,14 +99,18 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
             teacher_logprobs=_unpack_logprobs(row["teacher_logprobs"]),
         )
     next_state = row["next_state"]
+    completion_ids = _unpack_ids(row["completion_token_ids"])
+    tokens = len(completion_ids)
     return Turn(
         session_id=row["session_id"],
         index=int(row["idx"]),
         turn_type=TurnType(row["turn_type"]),
         prompt_messages=tuple(json.loads(row["prompt_messages"])),
         prompt_token_ids=_unpack_ids(row["prompt_token_ids"]),
-        completion_token_ids=_unpack_ids(row["completion_token_ids"]),
+        completion_token_ids=completion_ids,
         completion_logprobs=_unpack_logprobs(row["completion_logprobs"]) or (),
+        completion_top_ids=_unpack_top(row["completion_top_ids"], _IDS, tokens),
+        completion_top_logprobs=_unpack_top(row["completion_top_logprobs"], _LOGPROBS, tokens),
         completion=json.loads(row["completion"]),
         policy_version=int(row["policy_version"]),
         tools=tuple(json.loads(row["tools"])),

@@ -83,6 +83,11 @@ class Turn:
     tools: tuple[Mapping[str, Any], ...] = ()
     """The OpenAI tool schemas the prompt was rendered with (the judge's teacher re-renders
     the prompt with a hint, and must render the same tools)."""
+    completion_top_ids: tuple[tuple[int, ...], ...] = ()
+    """The k likeliest token ids at each completion position under the policy that sampled
+    it, likeliest first (the top-k methods' S_t); () when the engine was asked for none."""
+    completion_top_logprobs: tuple[tuple[float, ...], ...] = ()
+    """Their log-probs (raw, full-vocabulary, like `completion_logprobs`)."""
     next_state: tuple[Message, ...] | None = None
     """The messages that followed this reply; None until they arrive."""
     env_reward: float | None = None
@@ -97,12 +102,27 @@ class Turn:
                 f"for {len(self.completion_token_ids)} completion tokens; the engine must "
                 "return one log-prob per sampled token"
             )
+        if not _top_k_fits(
+            self.completion_top_ids, self.completion_top_logprobs, len(self.completion_token_ids)
+        ):
+            raise ValueError(
+                f"turn {self.session_id}/{self.index}: top-k ids and log-probs must hold k of "
+                f"each for every one of its {len(self.completion_token_ids)} completion tokens"
+            )
         if self.index < 0:
             raise ValueError(f"turn index must be >= 0, got {self.index}")
 
     def replace(self, **changes: Any) -> Turn:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _top_k_fits(ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], n: int) -> bool:
+    """Whether top-k ids and log-probs are absent, or k of each (k > 0) for each of n tokens."""
+    if not ids and not logprobs:
+        return True
+    widths = {len(top) for top in (*ids, *logprobs)}
+    return len(ids) == len(logprobs) == n and len(widths) == 1 and 0 not in widths
 
 
 @dataclass(frozen=True)
@@ -150,6 +170,8 @@ def sampled_turn(
         prompt_token_ids=completion.prompt_token_ids,
         completion_token_ids=completion.completion_token_ids,
         completion_logprobs=completion.completion_logprobs if exact else (),
+        completion_top_ids=completion.top_ids if exact else (),
+        completion_top_logprobs=completion.top_logprobs if exact else (),
         completion=reply,
         policy_version=completion.policy_version,
         tools=tuple(tools),

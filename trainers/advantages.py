@@ -16,6 +16,8 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from trainers.distillation import clip_difference
+
 
 def group_baseline(
     rewards: torch.Tensor, group_ids: Sequence[Hashable], scale_by_std: bool = False
@@ -60,9 +62,12 @@ def mix_rewards(
     return float(sum(parts)) if parts else None
 
 
-def opd_advantages(teacher_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token OPD advantage: how much likelier the hinted teacher finds each token."""
-    return teacher_logprobs - rollout_logprobs
+def opd_advantages(
+    teacher_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, clip: float | None = None
+) -> torch.Tensor:
+    """Per-token OPD advantage: how much likelier the hinted teacher finds each token,
+    clamped to [-clip, clip] (None: unclipped; `method.diff_clip`)."""
+    return clip_difference(teacher_logprobs, rollout_logprobs, clip)
 
 
 def combine_advantages(
@@ -71,6 +76,7 @@ def combine_advantages(
     score: float,
     w_opd: float = 1.0,
     w_rl: float = 1.0,
+    clip: float | None = None,
 ) -> torch.Tensor | None:
     """The combine method's advantage for one turn; None means the turn is dropped.
 
@@ -79,12 +85,14 @@ def combine_advantages(
     | yes                           | 0       | w_opd * (teacher - rollout)        |
     | no                            | +1 / -1 | w_rl * score on every token        |
     | no                            | 0       | dropped                            |
+
+    The teacher - rollout difference is clamped to [-clip, clip] (None: unclipped).
     """
     if teacher_logprobs is None:
         if score == 0:
             return None
         return torch.full_like(rollout_logprobs, w_rl * score)
-    return w_opd * opd_advantages(teacher_logprobs, rollout_logprobs) + w_rl * score
+    return w_opd * opd_advantages(teacher_logprobs, rollout_logprobs, clip) + w_rl * score
 
 
 def truncated_importance_weights(

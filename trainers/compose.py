@@ -38,7 +38,7 @@ from agents.serving.proxy import LIVE_ENV_ID, Proxy
 from agents.store import Store
 from agents.trajectory import TurnType
 from trainers.compute_config import ClusterConfig
-from trainers.config import JudgeConfig, RunConfig
+from trainers.config import HINTED, TOPK, JudgeConfig, MethodConfig, RunConfig
 from trainers.evaluation import Evaluator
 from trainers.judge import Judge, build_judge
 from trainers.judging import JudgeLoop
@@ -50,6 +50,7 @@ from trainers.progress import Progress
 from trainers.rollouts import EnvSlot, EpisodePlayer, LocalPlayer, MakeEnv, RolloutLoop
 from trainers.samples import RewardWeights, reward_weights
 from trainers.sft import SFTLoop, prepare_demonstrations
+from trainers.topk import TopKSettings
 from trainers.training import TrainLoop
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,13 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 RUN_ENDPOINT = "run"
 """`user_base_url: run` in an env's kwargs: its user model is the run's own policy server."""
+
+
+def topk_settings(method: MethodConfig) -> TopKSettings | None:
+    """The learner's top-k term for a top-k method; None for the others."""
+    if method.name not in TOPK:
+        return None
+    return TopKSettings(method.k, method.subset, method.topk_clip, method.w_opd)
 
 
 def build_learner_and_engine(config: RunConfig, run_dir: Path) -> tuple[PolicyLearner, Engine]:
@@ -74,7 +82,7 @@ def build_learner_and_engine(config: RunConfig, run_dir: Path) -> tuple[PolicyLe
             "training %s on a Tinker service (rank %d)", base_model, config.trainer.lora_rank
         )
         return learner, build_tinker_engine(service, base_model, config.model, context)
-    local = Learner(config.model.name, config.trainer, run_dir)
+    local = Learner(config.model.name, config.trainer, run_dir, topk_settings(config.method))
     return local, _policy_engine(config, local)
 
 
@@ -148,6 +156,8 @@ def serving(config: RunConfig, engine: Engine, store: Store) -> Iterator[Served]
     live = any(env.users == "live" for env in config.env.values())
     key = serve_key(config.serve)
     section = served_section(config.serve, config.cluster, live)
+    if config.method.name in TOPK:  # every turn keeps the old student's top-k
+        section = dataclasses.replace(section, top_logprobs=config.method.k)
     with (
         serve_policy(engine, store, section, config.model.name) as (url, proxy),
         contextlib.closing(ProxySeat(url, key, admin_key=proxy.admin_key)) as seat,
@@ -280,7 +290,7 @@ def build_loops(
     metrics: MetricsWriter,
 ) -> Loops:
     """The judging, training, supervised and rollout loops of the run."""
-    hints = config.method.name in ("opd", "combine")
+    hints = config.method.name in HINTED
     judging = JudgeLoop(store, judges.default, judges.by_env, hints, progress)
     publish = served.proxy.publish_adapter
     make_envs = {name: env_factory(env) for name, env in served.envs.items()}
@@ -304,6 +314,7 @@ def build_loops(
         metrics,
         run_dir,
         max_signalless_groups=config.rollout.max_signalless_groups,
+        encode=served.proxy.engine.encode,
     )
     slots = {name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()}
     rollouts = rollout_loop(config, slots, served.player, progress, training) if slots else None

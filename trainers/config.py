@@ -25,6 +25,7 @@ from agents.config import (
     validate_serve,
 )
 from trainers.compute_config import BackendConfig, ClusterConfig, validate_cluster
+from trainers.distillation import TOPK_SUBSETS
 
 
 @dataclass
@@ -74,7 +75,7 @@ def validate_judge(judge: JudgeConfig) -> None:
 def validate_judging(judge: JudgeConfig, method: MethodConfig, envs: dict[str, EnvConfig]) -> None:
     """Raises ValueError, saying the fix, where a judge cannot give the method or an env
     what it needs."""
-    if method.name in ("opd", "combine") and judge.kind == "env":
+    if method.name in HINTED and judge.kind == "env":
         raise ValueError(
             f"method={method.name} needs hints from an LLM judge; use judge=self or remote"
         )
@@ -95,12 +96,23 @@ class MethodConfig:
     """How judged turns become advantages (trainers/advantages.py)."""
 
     name: str = "binary"
-    """binary (scalar reward), opd (hint distillation), combine (both), or sft (supervised
-    fine-tuning on demonstrations: the `sft` section)."""
+    """binary (scalar reward), opd (hint distillation), combine (both), topk_opd (hint
+    distillation over the student's top-k tokens), topk_combine (topk_opd and binary), or
+    sft (supervised fine-tuning on demonstrations: the `sft` section)."""
     w_opd: float = 1.0
-    """combine: weight of the teacher - rollout term."""
+    """combine, topk_*: weight of the distillation term."""
     w_rl: float = 1.0
-    """combine: weight of the reward term."""
+    """combine, topk_combine: weight of the reward term (topk_opd: 0)."""
+    diff_clip: float | None = 1.0
+    """opd, combine: the teacher - rollout difference is clamped to [-diff_clip, diff_clip]
+    (null: unclipped; docs/training.md has the measurement behind the default)."""
+    k: int = 4
+    """topk_*: the size of each position's token set S_t (the old student's top-k)."""
+    subset: str = "student"
+    """topk_*: S_t is the student's top-k (student), the hinted teacher's (teacher), or
+    the student's that the teacher's top-k holds too (overlap)."""
+    topk_clip: float | None = 1.0
+    """topk_*: c, the teacher - old difference of each member clamped to [-c, c]."""
     use_judge: bool = True
     """binary / combine: take the judge's majority score as reward."""
     use_env_reward: bool = True
@@ -119,16 +131,28 @@ class MethodConfig:
     uniform group's turns with advantage 0 (DAPO's baseline: a smaller effective batch)."""
 
 
-METHODS = ("binary", "opd", "combine", "sft")
+METHODS = ("binary", "opd", "combine", "topk_opd", "topk_combine", "sft")
 """The values of `method.name`."""
+HINTED = ("opd", "combine", "topk_opd", "topk_combine")
+"""The methods that learn from the judge's hints."""
+TOPK = ("topk_opd", "topk_combine")
+"""The methods whose distillation term runs over each position's top-k tokens."""
 
 
 def validate_method(method: MethodConfig) -> None:
     """Raises ValueError, saying the fix, for a method the run does not know."""
     if method.name not in METHODS:
-        raise ValueError(f"method={method.name!r}: choose method=binary, opd, combine or sft")
+        raise ValueError(f"method={method.name!r}: choose method={', '.join(METHODS)}")
     if method.baseline not in ("step", "group"):
         raise ValueError(f"method.baseline must be step or group, got {method.baseline!r}")
+    if not 1 <= method.k <= 20:
+        raise ValueError(f"method.k must be in 1..20 (OpenAI's top_logprobs), got {method.k}")
+    if method.subset not in TOPK_SUBSETS:
+        raise ValueError(f"method.subset must be one of {TOPK_SUBSETS}, got {method.subset!r}")
+    for name in ("diff_clip", "topk_clip"):
+        clip = getattr(method, name)
+        if clip is not None and clip <= 0:
+            raise ValueError(f"method.{name} must be > 0 or null (unclipped), got {clip}")
 
 
 @dataclass
@@ -456,6 +480,11 @@ def validate_backend(config: RunConfig) -> None:
         )
     if config.trainer.init_adapter:
         raise ValueError("backend=tinker starts from the base model: drop trainer.init_adapter")
+    if config.method.name in TOPK:
+        raise ValueError(
+            f"method={config.method.name} takes the teacher's log-probs at the student's top-k "
+            "from the local learner's forward pass: use backend=local"
+        )
     if config.trainer.kl_weight:
         raise ValueError(
             "backend=tinker's loss has no KL term to the base model: set trainer.kl_weight=0"

@@ -53,7 +53,7 @@ from trainers.logprobs import (
     pad_rows,
     padded_tokens,
     shared_prefix_length,
-    span_logprobs_and_entropy,
+    span_logprobs_at,
 )
 from trainers.lora import activation_bytes, lora_model, memory_budget
 from trainers.losses import (
@@ -63,6 +63,7 @@ from trainers.losses import (
     kl_to_base,
     nll_loss,
 )
+from trainers.topk import TeacherTopK, TopKSettings, set_ids, teacher_topk, topk_loss
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,15 @@ class Learner:
         run_dir: adapters go to run_dir/adapters/v<N>, checkpoints to run_dir/checkpoints.
     """
 
-    def __init__(self, model_name: str, config: TrainerConfig, run_dir: Path):
-        self.config, self.run_dir = config, Path(run_dir)
+    def __init__(
+        self,
+        model_name: str,
+        config: TrainerConfig,
+        run_dir: Path,
+        topk: TopKSettings | None = None,
+    ):
+        self.config, self.run_dir, self.topk = config, Path(run_dir), topk
+        """`topk`: the top-k distillation term of hinted samples (`trainers.topk`)."""
         self.model, self.device = lora_model(model_name, config)
         self.checkpointing = checkpointing_mode(config.gradient_checkpointing)
         self.memory_budget = memory_budget(config, self.device)
@@ -193,7 +201,8 @@ class Learner:
         sums: dict[str, float],
     ) -> None:
         self._fit_checkpointing(batch)
-        logprobs, entropies = self._logprobs_and_entropy(batch)
+        teachers, sets = self._teachers(batch)
+        logprobs, entropies, at_sets = self._logprobs_at(batch, True, sets)
         proximal = [row.detach() for row in logprobs]  # no update yet in this step
         current, prox = pad_rows(logprobs), pad_rows(proximal)
         device = current.device
@@ -215,6 +224,11 @@ class Learner:
             kl = kl_to_base(current, pad_rows(base), mask, total)
             loss = loss + self.config.kl_weight * kl
             sums["kl"] += kl.item()
+        if (
+            self.topk
+            and (term := topk_loss(batch, at_sets, teachers, self.topk, total)) is not None
+        ):
+            loss = loss + term
         loss.backward()
         sums["loss"] += loss.item()
         if start is not None:
@@ -282,10 +296,34 @@ class Learner:
     def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:
         return self._logprobs_and_entropy(batch, with_entropy=False)[0]
 
+    def _teachers(
+        self, batch: list[TrainSample]
+    ) -> tuple[list[TeacherTopK | None], list[torch.Tensor | None]]:
+        """The hinted teacher's top-k of each sample with the top-k term (`trainers.topk`:
+        the base model, adapter off, no gradient), and the ids of its sets S_t."""
+        if self.topk is None:
+            return [None] * len(batch), [None] * len(batch)
+        with torch.no_grad(), self.model.disable_adapter():
+            causal_lm = self.model.get_base_model()
+            teachers = teacher_topk(causal_lm, batch, self.topk.k, self.config.logprob_chunk)
+        subset = self.topk.subset
+        return teachers, [set_ids(s, t, subset) for s, t in zip(batch, teachers, strict=True)]
+
     def _logprobs_and_entropy(
         self, batch: list[TrainSample], with_entropy: bool = True
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per sample of `batch`, its completion's log-probs (and entropies)."""
+        logprobs, entropies, _ = self._logprobs_at(batch, with_entropy)
+        return logprobs, entropies
+
+    def _logprobs_at(
+        self,
+        batch: list[TrainSample],
+        with_entropy: bool,
+        extra_ids: list[torch.Tensor | None] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+        """`_logprobs_and_entropy`, and each sample's log-probs at its `extra_ids`."""
+        extra_ids = extra_ids or [None] * len(batch)
         groups = packed_turns(batch) if self.config.pack_turns else [[i] for i in range(len(batch))]
         sequences = [
             list(batch[g[0]].prompt_ids) + list(batch[g[0]].completion_ids) for g in groups
@@ -296,16 +334,21 @@ class Learner:
                 start = len(batch[index].prompt_ids)
                 spans.append((row, start, start + len(batch[index].completion_ids)))
                 owners.append(index)
-        logprobs, entropies = span_logprobs_and_entropy(
+        logprobs, entropies, extras = span_logprobs_at(
             self.model.get_base_model(),
             sequences,
             spans,
             self.config.logprob_chunk,
             with_entropy,
             self._share_prefix,
+            [extra_ids[owner] for owner in owners],
         )
         order = sorted(range(len(owners)), key=owners.__getitem__)
-        return [logprobs[i] for i in order], [entropies[i] for i in order]
+        return (
+            [logprobs[i] for i in order],
+            [entropies[i] for i in order],
+            [extras[i] for i in order],
+        )
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
         """The step's passes within `trainer.micro_batch_tokens`: rows (`packed_turns`,

@@ -23,6 +23,13 @@ class TrainSample:
     advantages: tuple[float, ...]
     """One per completion token."""
     policy_version: int
+    teacher_prompt_ids: tuple[int, ...] | None = None
+    """Top-k methods: the prompt the hinted teacher scores the completion after (the turn's
+    with the judge's hint); None: the sample has no top-k distillation term."""
+    top_ids: tuple[tuple[int, ...], ...] = ()
+    """Top-k methods: the old student's k likeliest ids at each completion position."""
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+    """Their log-probs under the policy that sampled the turn."""
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,25 @@ def span_logprobs_and_entropy(
     """Log-probs (and entropies) of the tokens of each span (row, start, end): tokens
     `start:end` of `sequences[row]`, given all tokens before them. A row may hold several
     spans: a multi-turn episode's turns, each inside the next (`packed_turns`)."""
+    logprobs, entropies, _ = span_logprobs_at(
+        causal_lm, sequences, spans, chunk, with_entropy, share_prefix
+    )
+    return logprobs, entropies
+
+
+def span_logprobs_at(
+    causal_lm: Any,
+    sequences: list[list[int]],
+    spans: Sequence[tuple[int, int, int]],
+    chunk: int,
+    with_entropy: bool = True,
+    share_prefix: bool = False,
+    extra_ids: Sequence[torch.Tensor | None] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+    """`span_logprobs_and_entropy`, and for each span with `extra_ids` ([tokens, m] ids, a
+    top-k set a position) the log-probs of those ids at each of its positions ([tokens, m],
+    with gradient), gathered from the same chunk's log-softmax: no second pass."""
+    extra_ids = extra_ids or [None] * len(spans)
     width = max(len(s) for s in sequences)
     ids = torch.zeros(len(sequences), width, dtype=torch.long)
     mask = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -119,9 +138,11 @@ def span_logprobs_and_entropy(
     hidden = decoder_states(causal_lm, ids, mask, shared)
     head = causal_lm.get_output_embeddings()
     gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
-    logprobs, entropies = [], []
-    for row, start, end in spans:
-        targets = ids[row, start:end]
+    logprobs, entropies, extras = [], [], []
+    for (row, start, end), extra in zip(spans, extra_ids, strict=True):
+        targets = ids[row, start:end, None]
+        if extra is not None:  # the sampled token first, then the set's
+            targets = torch.cat([targets, extra.to(device)], dim=1)
         states = hidden[row, start - 1 : end - 1]
         pieces = [
             checkpoint(
@@ -129,16 +150,18 @@ def span_logprobs_and_entropy(
             )
             for i in range(0, len(targets), chunk)
         ]
-        logprobs.append(torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0))
+        gathered = torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(targets.shape)
+        logprobs.append(gathered[:, 0])
+        extras.append(None if extra is None else gathered[:, 1:])
         entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
-    return logprobs, entropies
+    return logprobs, entropies, extras
 
 
 def _gather_logprobs(
     head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(states).float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0], torch.zeros(0)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets), torch.zeros(0)
 
 
 def _gather_logprobs_and_entropy(
@@ -146,7 +169,7 @@ def _gather_logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(states).float()
     logsoftmax = torch.log_softmax(logits, dim=-1)
-    gathered = logsoftmax.gather(-1, targets[:, None])[:, 0]
+    gathered = logsoftmax.gather(-1, targets)
     # last, and without gradient: the recomputation in backward stops once it has the
     # tensors backward needs (non-reentrant checkpoint's early stop), before this
     with torch.no_grad():

@@ -17,14 +17,17 @@ mean; opd and combine: no hint either) is dropped whole with `method.filter_grou
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from agents.config import EnvConfig
-from agents.trajectory import Session, Turn
+from agents.trajectory import Message, Session, Turn
 from trainers.advantages import (
     combine_advantages,
     group_baseline,
@@ -32,8 +35,14 @@ from trainers.advantages import (
     mix_rewards,
     opd_advantages,
 )
-from trainers.config import MethodConfig
+from trainers.config import TOPK, MethodConfig
+from trainers.judge import with_hint
 from trainers.learning import TrainSample
+
+logger = logging.getLogger(__name__)
+
+Encode = Callable[[Sequence[Message], Sequence[Any] | None], list[int]]
+"""An engine's `encode`: a conversation's prompt ids, ending with the generation prompt."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +112,14 @@ def select(
     weights: Mapping[str, RewardWeights],
     current_version: int,
     max_staleness: int,
+    encode: Encode | None = None,
 ) -> Selection:
     """Training samples from judged turns, with the seqs of those dropped. `weights` are
     looked up by each session's env id; a session of no listed env (a live one) takes
-    `RewardWeights()`."""
+    `RewardWeights()`. `encode` renders the hinted teacher's prompt for the top-k methods
+    (the engine's `encode`, as the judge's teacher renders it)."""
+    if method.name in TOPK and encode is None:
+        raise ValueError(f"method={method.name} needs `encode` for the teacher's prompt")
     fresh = [
         (s, t) for s, t in judged if not is_stale(t.policy_version, current_version, max_staleness)
     ]
@@ -123,21 +136,61 @@ def select(
     for seq, turn in fresh:
         group = sessions[turn.session_id].group_id
         keep_zero = group in several and not method.filter_groups
-        advantages = _advantages(turn, rewards[seq], centred.get(seq), method, keep_zero)
-        if advantages is None or (method.filter_groups and group in silent):
+        if method.name in TOPK:
+            assert encode is not None  # checked above
+            sample = topk_sample(seq, turn, centred.get(seq), method, encode)
+        else:
+            advantages = _advantages(turn, rewards[seq], centred.get(seq), method, keep_zero)
+            sample = None if advantages is None else _sample(seq, turn, advantages)
+        if sample is None or (method.filter_groups and group in silent):
             dropped.append(seq)
             continue
-        samples.append(
-            TrainSample(
-                seq=seq,
-                prompt_ids=turn.prompt_token_ids,
-                completion_ids=turn.completion_token_ids,
-                rollout_logprobs=turn.completion_logprobs,
-                advantages=tuple(advantages.tolist()),
-                policy_version=turn.policy_version,
-            )
-        )
+        samples.append(sample)
     return Selection(tuple(samples), tuple(dropped), len(judged) - len(fresh), groups)
+
+
+def _sample(seq: int, turn: Turn, advantages: torch.Tensor) -> TrainSample:
+    return TrainSample(
+        seq=seq,
+        prompt_ids=turn.prompt_token_ids,
+        completion_ids=turn.completion_token_ids,
+        rollout_logprobs=turn.completion_logprobs,
+        advantages=tuple(advantages.tolist()),
+        policy_version=turn.policy_version,
+    )
+
+
+def topk_sample(
+    seq: int, turn: Turn, centred: float | None, method: MethodConfig, encode: Encode
+) -> TrainSample | None:
+    """A top-k method's sample, by combine's table: a hint gives the top-k distillation
+    term (the hinted teacher's prompt and the old student's top-k) plus w_rl * reward on
+    every token; no hint, the reward term alone; no hint and no reward (or topk_opd's
+    w_rl 0), dropped. A hinted turn stored without k top log-probs (sampled before the
+    proxy kept them) counts as unhinted."""
+    reward = method.w_rl * (centred or 0.0)
+    hint = turn.judgement.hint if turn.judgement else None
+    stored = len(turn.completion_top_ids[0]) if turn.completion_top_ids else 0
+    if hint is not None and stored < method.k:
+        logger.warning(
+            "turn %s/%d keeps %d top log-probs, method.k=%d needs more: trained without its "
+            "hint (serve.top_logprobs sets what the proxy keeps)",
+            turn.session_id,
+            turn.index,
+            stored,
+            method.k,
+        )
+        hint = None
+    rl = torch.full((len(turn.completion_token_ids),), reward)
+    if hint is None:
+        return None if reward == 0 else _sample(seq, turn, rl)
+    teacher_prompt = encode(with_hint(turn.prompt_messages, hint), turn.tools or None)
+    return dataclasses.replace(
+        _sample(seq, turn, rl),
+        teacher_prompt_ids=tuple(teacher_prompt),
+        top_ids=tuple(ids[: method.k] for ids in turn.completion_top_ids),
+        top_logprobs=tuple(values[: method.k] for values in turn.completion_top_logprobs),
+    )
 
 
 def group_signals(
@@ -160,7 +213,9 @@ def group_signals(
         hinted = method.name != "binary" and any(
             t.judgement is not None and t.judgement.teacher_logprobs is not None for _, t in grouped
         )
-        contrast = method.name != "opd" and any(centred.get(s) for s, _ in grouped)
+        contrast = method.name not in ("opd", "topk_opd") and any(
+            centred.get(s) for s, _ in grouped
+        )
         values = sorted({r for s, _ in grouped if (r := rewards[s]) is not None})
         first = grouped[0][1].session_id
         env = sessions[first].env_id
@@ -207,9 +262,13 @@ def _advantages(
             return None
         return torch.full_like(rollout, centred)
     if method.name == "opd":
-        return None if teacher_tensor is None else opd_advantages(teacher_tensor, rollout)
+        if teacher_tensor is None:
+            return None
+        return opd_advantages(teacher_tensor, rollout, method.diff_clip)
     score = 0.0 if centred is None else centred
-    return combine_advantages(rollout, teacher_tensor, score, method.w_opd, method.w_rl)
+    return combine_advantages(
+        rollout, teacher_tensor, score, method.w_opd, method.w_rl, method.diff_clip
+    )
 
 
 def first_batch(

@@ -14,12 +14,13 @@ from pathlib import Path
 from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
-from trainers.config import MethodConfig, TrainerConfig
+from trainers.config import HINTED, MethodConfig, TrainerConfig
 from trainers.diagnostics import RewardGroups, mean_abs, nonzero_share, variance_share
 from trainers.learning import PolicyLearner, StepMetrics, TrainSample
 from trainers.metrics import CHECKPOINT_KEY, MetricsWriter, Record, record
 from trainers.progress import Progress, episode_summary
 from trainers.samples import (
+    Encode,
     GroupSignal,
     RewardWeights,
     Selection,
@@ -51,6 +52,8 @@ class TrainLoop:
         run_dir: the run directory (adapters live under it).
         max_signalless_groups: groups of one env in a row without a learning signal before
             the run stops (`SignalWatch`); 0: never.
+        encode: the engine's `encode` (the top-k methods render the hinted teacher's
+            prompt with it).
     """
 
     def __init__(
@@ -66,17 +69,19 @@ class TrainLoop:
         metrics: MetricsWriter | None,
         run_dir: Path,
         max_signalless_groups: int = 0,
+        encode: Encode | None = None,
     ):
         self.trainer, self.method, self.envs, self.weights = trainer, method, envs, weights
         self.learner, self.store, self.publish = learner, store, publish
         self.progress, self.metrics, self.run_dir = progress, metrics, Path(run_dir)
+        self.encode = encode
         self.in_training = 0
         """Turns of the batch the learner is on (still judged in the store until done)."""
         self._started = time.monotonic()
         self._reward_groups = RewardGroups()
         """The baseline groups' rewards seen since the last step (`group_variance_share`)."""
         self.watch = SignalWatch(
-            max_signalless_groups, self._episode_end, hints=method.name in ("opd", "combine")
+            max_signalless_groups, self._episode_end, hints=method.name in HINTED
         )
         self._seen_groups: set[str] = set()
         """The groups the last selection held (a group left for a later step is seen once)."""
@@ -110,6 +115,7 @@ class TrainLoop:
             weights=self.weights,
             current_version=self.learner.version,
             max_staleness=self.trainer.max_staleness,
+            encode=self.encode,
         )
         # Dropped at once: their groups are complete, so no later turn gives them a signal
         # (and staleness only grows). Left judged, they filled the backlog and paused the

@@ -18,6 +18,8 @@ BASE = None
 """The `adapter` argument that switches the adapter off: the base model (self-judge, teacher)."""
 POLICY = "policy"
 """The adapter name the trainer publishes to and the proxy serves by default."""
+MAX_TOP_LOGPROBS = 20
+"""The most top log-probs a position returns (OpenAI's bound on `top_logprobs`)."""
 
 
 class ContextExceeded(ValueError):
@@ -55,8 +57,15 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
+    """How many of the likeliest tokens' ids and raw log-probs to return at each sampled
+    position (0: none, and nothing is spent on them)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
+            )
         if not 0.0 <= self.temperature <= 10.0:
             raise ValueError(f"temperature must be in [0, 10], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -81,6 +90,11 @@ class Completion:
     text: str = ""
     """The raw decoded completion, markup included."""
     usage: Mapping[str, int] = field(default_factory=dict)
+    top_ids: tuple[tuple[int, ...], ...] = ()
+    """With `SamplingParams.top_logprobs` k > 0: the k likeliest token ids at each sampled
+    position, likeliest first (one tuple per completion token); () otherwise."""
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+    """Their raw log-probs, like `completion_logprobs`."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,9 @@ class TokenChunk:
     logprobs: tuple[float, ...]
     text: str
     """Their decoded text; "" while a multi-byte character is still incomplete."""
+    top_ids: tuple[tuple[int, ...], ...] = ()
+    """As `Completion.top_ids`, for these tokens."""
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
 
 
 class Engine(Protocol):

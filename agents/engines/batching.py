@@ -99,10 +99,11 @@ class Request:
     retired: bool = False
     """Out of the scheduler: its slot no longer counts it as a user."""
 
-    def record(self, token: int, logprob: float, eos_ids: set[int]) -> bool:
-        """Hands a sampled token to the consumer; True when the sequence is finished."""
+    def record(self, token: int, logprob: float, top: Any, eos_ids: set[int]) -> bool:
+        """Hands a sampled token (with its position's top ids and log-probs, or None) to the
+        consumer; True when the sequence is finished."""
         self.ids.append(token)
-        self.events.put((token, logprob))
+        self.events.put((token, logprob, top))
         done = (
             token in eos_ids
             or len(self.ids) >= self.max_new
@@ -402,12 +403,13 @@ class Scheduler:
         rows = batch.rows
         picked = pick_tokens(logprobs, [r.sampling for r in rows], [r.generator for r in rows])
         chosen = logprobs[torch.arange(len(rows)), torch.tensor([t or 0 for t in picked])].tolist()
+        tops = _top_logprobs(logprobs, [r.sampling.top_logprobs for r in rows])
         last, done = [], []
-        for request, token, logprob in zip(rows, picked, chosen, strict=True):
+        for request, token, logprob, top in zip(rows, picked, chosen, tops, strict=True):
             try:
                 if token is None:
                     raise ValueError("the model's next-token distribution is not finite")
-                finished = request.record(token, logprob, self.eos_ids)
+                finished = request.record(token, logprob, top, self.eos_ids)
             except Exception as error:  # one request's sampling or stop check fails it alone
                 logger.exception("sampling a request failed")
                 request.events.put(error)
@@ -416,6 +418,18 @@ class Scheduler:
             done.append(finished)
         batch.last = last
         return done
+
+
+def _top_logprobs(logprobs: torch.Tensor, ks: list[int]) -> list[Any]:
+    """Each row's k likeliest ids and log-probs, (ids, log-probs) likeliest first, or None
+    where its request asks for none: one `topk` for the batch, none when no row asks."""
+    if not (most := max(ks)):
+        return [None] * len(ks)
+    values, indices = logprobs.topk(most, dim=-1)
+    values, indices = values.tolist(), indices.tolist()
+    return [
+        (tuple(indices[row][:k]), tuple(values[row][:k])) if k else None for row, k in enumerate(ks)
+    ]
 
 
 def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:

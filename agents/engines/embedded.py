@@ -23,6 +23,7 @@ tokens (`agents.engines.char_bound`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -336,20 +337,27 @@ class _Reply:
         self.engine, self.request, self.tools = engine, request, tools
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.tops: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
         self.text = _Detokenizer(engine.tokenizer) if deltas else None
         self.eos = engine._eos_ids() if deltas else set()
 
     def add(self, item: Any) -> TokenChunk | None:
-        """One item from the scheduler (not `END`): a (token, log-prob) or an error, raised."""
+        """One item from the scheduler (not `END`): a (token, log-prob, top ids and log-probs
+        or None) or an error, raised."""
         if isinstance(item, BaseException):
             raise item
-        self.ids.append(item[0])
-        self.logprobs.append(item[1])
+        token, logprob, top = item
+        self.ids.append(token)
+        self.logprobs.append(logprob)
+        if top is not None:
+            self.tops.append(top)
         if self.text is None:
             return None
         # the end-of-sequence token is no text of the reply (the completion drops it too)
-        text = "" if item[0] in self.eos else self.text.push(item[0])
-        return TokenChunk((item[0],), (item[1],), text)
+        text = "" if token in self.eos else self.text.push(token)
+        if top is None:
+            return TokenChunk((token,), (logprob,), text)
+        return TokenChunk((token,), (logprob,), text, (top[0],), (top[1],))
 
     def tail(self) -> TokenChunk | None:
         """After the last token: the text held back as an incomplete character, which the
@@ -360,13 +368,20 @@ class _Reply:
 
     def completion(self) -> Completion:
         request = self.request
-        return self.engine._completion(
+        completion = self.engine._completion(
             request.prompt_ids,
             self.ids,
             self.logprobs,
             request.sampling,
             request.version,
             self.tools,
+        )
+        if not self.tops:
+            return completion
+        return dataclasses.replace(
+            completion,
+            top_ids=tuple(ids for ids, _ in self.tops),
+            top_logprobs=tuple(values for _, values in self.tops),
         )
 
 

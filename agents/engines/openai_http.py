@@ -15,6 +15,7 @@ unless the server already returned structured `tool_calls`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
@@ -191,7 +192,11 @@ def chat_body(
             refuse unknown fields). With it, tools are rendered by the chat template and the
             server is told not to parse calls itself (`tool_choice: "none"`): the caller
             parses them from the text, so every engine parses them the same way.
-        logprobs: ask for per-token log-probs (OpenAI's `logprobs: true`).
+        logprobs: ask for per-token log-probs (OpenAI's `logprobs: true`); with `token_ids`
+            and `sampling.top_logprobs` k > 0, also each position's top k, as ids (vLLM's
+            `return_tokens_as_token_ids`) and asked for as k + 1: vLLM's list starts with
+            the sampled token and cuts at the number asked, so with k it would hold the top
+            k - 1 only, wherever the sampled token ranks below k (`top_entries` takes k).
     """
     body: dict[str, Any] = {
         "model": model,
@@ -211,6 +216,9 @@ def chat_body(
             body["tool_choice"] = "none"
     if logprobs:
         body["logprobs"] = True
+        if token_ids and sampling.top_logprobs:
+            body["top_logprobs"] = sampling.top_logprobs + 1
+            body["return_tokens_as_token_ids"] = True
     if token_ids:
         body["return_token_ids"] = True
         # Markup tokens stay in the text, as the embedded engine decodes them.
@@ -221,14 +229,18 @@ def chat_body(
 
 
 def completion_from_chat(
-    response: Mapping[str, Any], policy_version: int, tools: Sequence[ToolSchema] | None
+    response: Mapping[str, Any],
+    policy_version: int,
+    tools: Sequence[ToolSchema] | None,
+    top_k: int = 0,
 ) -> Completion:
     """A `Completion` from a non-streamed chat completion (its first choice) to a request
-    that offered `tools`."""
+    that offered `tools` (and asked for `top_k` top log-probs a position)."""
     choice = _first_choice(response)
     message = choice.get("message") or {}
     logprobs, raw = _logprobs_of(choice)
-    return _completion(
+    top_ids, top_logprobs = top_entries(choice, top_k)
+    completion = _completion(
         content=message.get("content") or "",
         raw=raw,
         server_calls=message.get("tool_calls"),
@@ -240,16 +252,22 @@ def completion_from_chat(
         policy_version=policy_version,
         tools=tools,
     )
+    return dataclasses.replace(completion, top_ids=top_ids, top_logprobs=top_logprobs)
 
 
 def stream_completion(
-    events: Iterator[Mapping[str, Any]], policy_version: int, tools: Sequence[ToolSchema] | None
+    events: Iterator[Mapping[str, Any]],
+    policy_version: int,
+    tools: Sequence[ToolSchema] | None,
+    top_k: int = 0,
 ) -> Iterator[TokenChunk | Completion]:
     """`TokenChunk`s from streamed chat-completion chunks, then the final `Completion`, of a
-    request that offered `tools`."""
+    request that offered `tools` (and asked for `top_k` top log-probs a position)."""
     prompt_ids: list[int] = []
     ids: list[int] = []
     logprobs: list[float] = []
+    top_ids: list[tuple[int, ...]] = []
+    top_logprobs: list[tuple[float, ...]] = []
     texts: list[str] = []
     raw = bytearray()
     calls: list[Any] = []
@@ -264,10 +282,13 @@ def stream_completion(
         delta = choice.get("delta") or {}
         chunk_logprobs, chunk_raw = _logprobs_of(choice)
         chunk = TokenChunk(
-            token_ids=tuple(choice.get("token_ids") or ()),
-            logprobs=chunk_logprobs,
-            text=delta.get("content") or "",
+            tuple(choice.get("token_ids") or ()),
+            chunk_logprobs,
+            delta.get("content") or "",
+            *top_entries(choice, top_k),
         )
+        top_ids.extend(chunk.top_ids)
+        top_logprobs.extend(chunk.top_logprobs)
         raw.extend(chunk_raw)
         calls.extend(delta.get("tool_calls") or ())
         finish_reason = choice.get("finish_reason") or finish_reason
@@ -276,7 +297,7 @@ def stream_completion(
         texts.append(chunk.text)
         if chunk.token_ids or chunk.text:
             yield chunk
-    yield _completion(
+    completion = _completion(
         content="".join(texts),
         raw=bytes(raw),
         server_calls=_merged_stream_calls(calls),
@@ -288,6 +309,7 @@ def stream_completion(
         policy_version=policy_version,
         tools=tools,
     )
+    yield dataclasses.replace(completion, top_ids=tuple(top_ids), top_logprobs=tuple(top_logprobs))
 
 
 def encode(
@@ -364,6 +386,31 @@ def _logprobs_of(choice: Mapping[str, Any]) -> tuple[tuple[float, ...], bytes]:
     content = (choice.get("logprobs") or {}).get("content") or ()
     raw = b"".join(bytes(entry.get("bytes") or entry["token"].encode()) for entry in content)
     return tuple(float(entry["logprob"]) for entry in content), raw
+
+
+def top_entries(
+    choice: Mapping[str, Any], k: int
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Each sampled position's k likeliest ids and log-probs, likeliest first, from a
+    choice's `top_logprobs` named `token_id:<id>` (vLLM's `return_tokens_as_token_ids`);
+    ((), ()) for k = 0. Sorted here: the list may begin with the sampled token."""
+    if not k:
+        return (), ()
+    ids, values = [], []
+    for entry in (choice.get("logprobs") or {}).get("content") or ():
+        tops = sorted(entry.get("top_logprobs") or (), key=lambda top: -float(top["logprob"]))
+        if len(tops) < k:
+            raise ServerError(0, f"asked for {k} top log-probs, the server sent {len(tops)}")
+        ids.append(tuple(_token_id(top["token"]) for top in tops[:k]))
+        values.append(tuple(float(top["logprob"]) for top in tops[:k]))
+    return tuple(ids), tuple(values)
+
+
+def _token_id(name: str) -> int:
+    prefix, _, number = name.partition(":")
+    if prefix != "token_id" or not number.isdigit():
+        raise ServerError(0, f"a top log-prob names {name!r}, not token_id:<id>")
+    return int(number)
 
 
 def _merged_stream_calls(deltas: list[Any]) -> list[dict[str, Any]] | None:

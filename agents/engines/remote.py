@@ -85,7 +85,8 @@ class RemoteEngine(ThreadedAsync):
         adapter: str | None = POLICY,
     ) -> Completion:
         body = self._body(messages, tools, sampling, adapter, stream=False)
-        return completion_from_chat(self._http.post("chat/completions", body), 0, tools)
+        response = self._http.post("chat/completions", body)
+        return completion_from_chat(response, 0, tools, self._top_k(sampling))
 
     def stream(
         self,
@@ -95,7 +96,14 @@ class RemoteEngine(ThreadedAsync):
         adapter: str | None = POLICY,
     ) -> Iterator[TokenChunk | Completion]:
         body = self._body(messages, tools, sampling, adapter, stream=True)
-        yield from stream_completion(self._http.stream("chat/completions", body), 0, tools)
+        events = self._http.stream("chat/completions", body)
+        yield from stream_completion(events, 0, tools, self._top_k(sampling))
+
+    def _top_k(self, sampling: SamplingParams | None) -> int:
+        """Top log-probs a position gets: only as token ids, which only a token-exact
+        upstream names (`chat_body`); a plain OpenAI server's are strings, not ids."""
+        exact = self.token_ids and self.logprobs
+        return sampling.top_logprobs if sampling is not None and exact else 0
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None

@@ -279,12 +279,11 @@ class VLLMEngine(ThreadedAsync):
         sampling: SamplingParams | None = None,
         adapter: str | None = POLICY,
     ) -> Completion:
+        sampling = sampling or SamplingParams()
         with self._using(adapter) as (name, version), self._checked():
-            body = chat_body(
-                name, messages, tools, sampling or SamplingParams(), token_ids=True, logprobs=True
-            )
+            body = chat_body(name, messages, tools, sampling, token_ids=True, logprobs=True)
             response = self._http.post("chat/completions", body)
-        return completion_from_chat(response, version, tools)
+        return completion_from_chat(response, version, tools, sampling.top_logprobs)
 
     def stream(
         self,
@@ -294,18 +293,13 @@ class VLLMEngine(ThreadedAsync):
         adapter: str | None = POLICY,
     ) -> Iterator[TokenChunk | Completion]:
         # A generator: its version is held from the first item until it finishes or closes.
+        sampling = sampling or SamplingParams()
         with self._using(adapter) as (name, version), self._checked():
             body = chat_body(
-                name,
-                messages,
-                tools,
-                sampling or SamplingParams(),
-                token_ids=True,
-                logprobs=True,
-                stream=True,
+                name, messages, tools, sampling, token_ids=True, logprobs=True, stream=True
             )
             events = self._http.stream("chat/completions", body)
-            yield from stream_completion(events, version, tools)
+            yield from stream_completion(events, version, tools, sampling.top_logprobs)
 
     def encode(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None

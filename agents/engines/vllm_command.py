@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agents import models
+from agents.engines.base import MAX_TOP_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,9 @@ def server_command(
         *(_whole_prefill_args(max_model_len) if whole_prefills else ()),
         # Sample exactly as asked: no defaults from the model's generation_config.json.
         *("--generation-config", "vllm", "--logprobs-mode", "raw_logprobs"),
+        # one more than OpenAI's bound: a position's top-k is asked for as k + 1
+        # (`openai_http.chat_body` says why)
+        *("--max-logprobs", str(MAX_TOP_LOGPROBS + 1)),
         *("--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"),
         *_template_args(model_dir),
         *extra_args,

@@ -10,7 +10,7 @@ ride in the body (`agents.serving.identity.identify`).
 What this server does not do is refused, not ignored: content parts other than text
 (images, audio, files: the chat template would drop them, unseen by the model),
 `response_format` other than text, a non-empty `logit_bias`, a non-zero
-`frequency_penalty` or `presence_penalty`, `top_logprobs` above 0, audio output.
+`frequency_penalty` or `presence_penalty`, audio output.
 
 Tools. `tool_choice` is "none", "auto", "required" or a function of `tools`, and anything
 but "none" needs tools. With "none", as without tools, the model is shown no tools and
@@ -269,8 +269,6 @@ class ChatRequest(_Open):
     def _top_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
         if top is not None and info.data.get("logprobs") is not True:
             raise _refused("needs logprobs: true")
-        if top:
-            raise _unsupported(repr(top), "it returns each sampled token's log-prob only; use 0")
         return top
 
     @field_validator("frequency_penalty", "presence_penalty")

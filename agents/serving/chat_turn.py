@@ -57,6 +57,8 @@ class ChatTurn:
                 or self.proxy.config.max_tokens,
                 stop=chat.stops(),
                 seed=None if chat.seed is None else chat.seed + choice,
+                # what the client asks for, and at least what a stored turn keeps
+                top_logprobs=max(chat.top_logprobs or 0, self.proxy.config.top_logprobs),
             )
         except ValueError as error:
             raise api.ApiError(400, str(error)) from error
@@ -146,7 +148,7 @@ class ChatTurn:
                 if delta or ids or logprobs:  # every sampled token's ids and log-probs are sent
                     extra: dict[str, Any] = {"token_ids": list(item.token_ids)} if ids else {}
                     if logprobs:
-                        extra["logprobs"] = api.token_logprobs(item.token_ids, item.logprobs)
+                        extra["logprobs"] = api.token_logprobs(item, chat.top_logprobs)
                     yield self._event([api.stream_delta(index, {"content": delta}, None, **extra)])
             completions = [finals[i] for i in range(count)]
             replies = await self._commit(completions)

@@ -4,7 +4,8 @@ as a 4xx with OpenAI's error body), responses and stream chunks. Requests are va
 
 Responses and stream chunks are built from the engine's `Completion`s. Beyond OpenAI's
 fields, `return_token_ids: true` adds vLLM's `prompt_token_ids` and per-choice
-`token_ids`, and `logprobs: true` gives each sampled token's raw log-prob with vLLM's
+`token_ids`, and `logprobs: true` gives each sampled token's raw log-prob (and with
+`top_logprobs: n` its position's n likeliest tokens, as OpenAI's API does) with vLLM's
 `token_id:<id>` names, so a token-exact client (the `remote` engine) can use the proxy
 like vLLM.
 
@@ -19,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agents.engines.base import Completion
+from agents.engines.base import Completion, TokenChunk
 from agents.serving.chat_request import ChatRequest
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -81,13 +82,27 @@ def choice_message(completion: Completion, call_prefix: str) -> dict[str, Any]:
     return message
 
 
-def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
-    """OpenAI's `logprobs` of sampled tokens (a choice's, or a stream chunk's); tokens named
-    `token_id:<id>` as vLLM does."""
+def token_logprobs(sampled: Completion | TokenChunk, top: int | None = None) -> dict[str, Any]:
+    """OpenAI's `logprobs` of sampled tokens (a choice's, or a stream chunk's): each one's
+    log-prob and its position's `top` likeliest tokens (the request's `top_logprobs`; none
+    when it gave none); tokens named `token_id:<id>` as vLLM does."""
+    if isinstance(sampled, Completion):
+        ids, logprobs = sampled.completion_token_ids, sampled.completion_logprobs
+    else:
+        ids, logprobs = sampled.token_ids, sampled.logprobs
+    tops: Sequence[list[dict[str, Any]]] = [[] for _ in ids]
+    if top:
+        tops = [
+            [
+                {"token": f"token_id:{i}", "logprob": lp, "bytes": None}
+                for i, lp in zip(ids_t[:top], values[:top], strict=True)
+            ]
+            for ids_t, values in zip(sampled.top_ids, sampled.top_logprobs, strict=True)
+        ]
     return {
         "content": [
-            {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
-            for i, lp in zip(token_ids, logprobs, strict=True)
+            {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": t}
+            for i, lp, t in zip(ids, logprobs, tops, strict=True)
         ]
     }
 
@@ -117,9 +132,7 @@ def response(
             "message": message,
             "finish_reason": completion.finish_reason,
             "logprobs": (
-                token_logprobs(completion.completion_token_ids, completion.completion_logprobs)
-                if request.logprobs
-                else None
+                token_logprobs(completion, request.top_logprobs) if request.logprobs else None
             ),
         }
         if request.return_token_ids:

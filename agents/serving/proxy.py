@@ -25,7 +25,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agents.engines.base import BASE, POLICY, Engine
+from agents.engines.base import BASE, MAX_TOP_LOGPROBS, POLICY, Engine
 from agents.engines.replicas import ReplicaSet, SessionEngine
 from agents.serving import openai_api as api
 from agents.serving.identity import bearer, credential, home_credentials, is_one_of
@@ -72,8 +72,15 @@ class ProxyConfig:
     request_timeout_s: float = 60.0
     """A request's head and body must arrive within this long of its first byte, else the
     connection is closed (32 MB at 1 MB/s takes half of it)."""
+    top_logprobs: int = 0
+    """Top-k log-probs every sampled turn keeps at each position, whatever its client asks
+    for (the top-k methods train on them; 0: none)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(
+                f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs}"
+            )
         limits = (self.session_idle_s, self.idle_timeout_s, self.request_timeout_s)
         if not all(limit > 0 for limit in limits) or self.max_body_bytes < 1:
             raise ValueError(

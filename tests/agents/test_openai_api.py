@@ -256,11 +256,6 @@ REFUSED = {
         "not supported by this server",
     ),
     "a penalty out of range": ({"presence_penalty": 2.5}, "presence_penalty", "less than"),
-    "top_logprobs above 0": (
-        {"logprobs": True, "top_logprobs": 5},
-        "top_logprobs",
-        "not supported by this server",
-    ),
     "top_logprobs above 20": ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "20"),
     "top_logprobs without logprobs": ({"top_logprobs": 0}, "top_logprobs", "logprobs: true"),
     "audio out": ({"modalities": ["text", "audio"]}, "modalities", "not supported"),

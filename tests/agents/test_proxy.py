@@ -103,6 +103,46 @@ def test_a_stream_carries_every_sampled_tokens_logprob(client, store):
     ]
 
 
+def test_top_logprobs_are_served_as_openai_defines_them_and_stored(client, store):
+    reply, headers = create(client, logprobs=True, top_logprobs=3, seed=4)
+    (turn,) = store.session(headers["x-session-id"]).turns
+    content = reply.choices[0].logprobs.content
+    assert len(content) == len(turn.completion_token_ids) == len(turn.completion_top_ids) > 0
+    for entry, ids, values in zip(
+        content, turn.completion_top_ids, turn.completion_top_logprobs, strict=True
+    ):
+        assert [t.token for t in entry.top_logprobs] == [f"token_id:{i}" for i in ids]
+        assert [t.logprob for t in entry.top_logprobs] == list(values)
+        assert entry.top_logprobs[0].logprob >= entry.logprob  # likeliest first
+    assert len(turn.completion_top_ids[0]) == 3
+    # streamed, each chunk carries its tokens' top log-probs; logprobs alone carries none
+    raw = client.chat.completions.with_raw_response.create(
+        model="policy", messages=USER, stream=True, logprobs=True, top_logprobs=2, **SHORT
+    )
+    chunks = list(raw.parse())
+    (streamed,) = store.session(raw.headers["x-session-id"]).turns
+    sent = [
+        tuple(int(t.token.split(":")[1]) for t in e.top_logprobs)
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert tuple(sent) == streamed.completion_top_ids
+    plain, _ = create(client, logprobs=True)
+    assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
+
+
+def test_a_proxy_that_keeps_top_k_stores_it_whatever_the_client_asks(tiny_engine, tmp_path):
+    with served_client(tiny_engine, tmp_path, ProxyConfig(top_logprobs=4)) as (client, store):
+        reply = client.chat.completions.create(model="policy", messages=USER, **SHORT)
+        ((_, turn),) = store.turns()
+    assert reply.choices[0].logprobs is None
+    assert len(turn.completion_top_ids) == len(turn.completion_token_ids) > 0
+    assert {len(top) for top in turn.completion_top_ids} == {4}
+    rescored = tiny_engine.score(turn.prompt_token_ids, turn.completion_token_ids)
+    assert rescored == pytest.approx(list(turn.completion_logprobs), abs=1e-4)
+
+
 def test_stream_is_token_by_token_and_committed_before_done(client, store, tiny_engine):
     stream = client.chat.completions.create(
         model="policy",

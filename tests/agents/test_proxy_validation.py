@@ -52,7 +52,8 @@ BAD = {
     "empty content": ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
     "json output": ({"response_format": {"type": "json_object"}}, "response_format"),
     "a penalty": ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    "top_logprobs": ({"logprobs": True, "top_logprobs": 3}, "top_logprobs"),
+    "top_logprobs without logprobs": ({"top_logprobs": 3}, "top_logprobs"),
+    "top_logprobs over 20": ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     "a logit bias": ({"logit_bias": {"1": 5}}, "logit_bias"),
     "audio out": ({"modalities": ["text", "audio"]}, "modalities"),
 }

@@ -182,3 +182,65 @@ def test_closed_store_refuses_work(tmp_path):
     store.close()
     with pytest.raises(RuntimeError, match="closed"):
         store.count_turns()
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_a_store_written_by_schema_1_opens_migrated_with_every_turn_kept(tmp_path):
+    """store_v1.sqlite was written by clawgym's store at schema 1 (before top-k columns):
+    two turns, the first judged with a hint and teacher log-probs."""
+    import shutil
+    import sqlite3
+
+    from agents.store_migrations import SCHEMA_VERSION
+
+    path = tmp_path / "old.sqlite"
+    shutil.copy(FIXTURES / "store_v1.sqlite", path)
+    with Store(path) as store:
+        (_, first), (_, second) = store.turns()
+        assert first.completion_token_ids == (4, 5) and first.completion_logprobs == (-0.5, -1.25)
+        assert first.judgement == Judgement((-1,), -1.0, "Keep it short.", (-0.25, -0.5))
+        assert first.next_state == ({"role": "user", "content": "shorter please"},)
+        assert second.completion_top_ids == second.completion_top_logprobs == ()
+        # the migrated store takes new turns with their top-k
+        top = make_turn(
+            index=2,
+            completion_top_ids=((4, 9), (5, 4)),
+            completion_top_logprobs=((-0.5, -1.0), (-1.25, -2.0)),
+        )
+        store.add_turn(top)
+        assert store.turns()[-1][1] == top
+    with Store(path):  # opening it again migrates nothing twice
+        pass
+    version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
+    assert int(version) == SCHEMA_VERSION == 2
+
+
+def test_a_store_newer_than_the_code_is_refused(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "new.sqlite"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(ValueError, match="store schema 99.*newer clawgym"):
+        Store(path)
+
+
+def test_top_k_round_trips_and_a_misshapen_top_k_is_refused(store):
+    turn = make_turn(
+        completion_top_ids=((4, 1, 2), (5, 4, 0)),
+        completion_top_logprobs=((-0.5, -1.5, -2.0), (-1.25, -1.5, -3.0)),
+    )
+    store.add_session(Session("s", "e"))
+    store.add_turn(turn)
+    assert store.turns()[0][1] == turn
+    with pytest.raises(ValueError, match="top-k ids and log-probs"):
+        make_turn(
+            completion_top_ids=((4, 1), (5,)), completion_top_logprobs=((-0.5, -1.5), (-1.0,))
+        )
+    with pytest.raises(ValueError, match="top-k ids and log-probs"):
+        make_turn(completion_top_ids=((4, 1),), completion_top_logprobs=((-0.5, -1.5),))

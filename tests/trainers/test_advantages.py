@@ -100,3 +100,11 @@ def test_truncated_importance_weights_are_one_on_policy_and_capped():
 )
 def test_staleness_counts_versions_behind(version, current, stale):
     assert is_stale(version, current, max_staleness=2) is stale
+
+
+def test_diff_clip_bounds_the_teacher_term_of_opd_and_combine_only():
+    teacher, rollout = torch.tensor([-0.5, -6.0, 0.0]), torch.tensor([-4.0, -1.0, -0.25])
+    assert opd_advantages(teacher, rollout, clip=1.0).tolist() == [1.0, -1.0, 0.25]
+    assert opd_advantages(teacher, rollout).tolist() == [3.5, -5.0, 0.25]
+    combined = combine_advantages(rollout, teacher, -1.0, w_opd=2.0, clip=1.0)
+    assert combined.tolist() == [2 * 1.0 - 1, 2 * -1.0 - 1, 2 * 0.25 - 1]

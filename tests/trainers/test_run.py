@@ -99,6 +99,24 @@ def test_each_method_trains_two_steps_on_chat_and_leaves_two_adapters(tmp_path, 
             )
 
 
+@pytest.mark.parametrize(
+    "method", ["topk_opd", pytest.param("topk_combine", marks=pytest.mark.slow)]
+)
+def test_a_top_k_method_trains_two_steps_on_chat_from_each_turns_stored_top_k(tmp_path, method):
+    run_dir = tmp_path / method
+    summary = train(run_dir, f"method={method}", "judge=feedback", "trainer.max_steps=2")
+    assert (summary["method"], summary["steps"], summary["adapter_version"]) == (method, 2, 2)
+    assert summary["first_loss"] != 0.0  # the top-k term, not a zero policy loss
+    with Store(run_dir / "store.sqlite") as store:
+        turns = [t for _, t in store.turns(turn_type=TurnType.MAIN)]
+        # the proxy kept method.k = 4 top log-probs of every sampled position
+        assert all({len(top) for top in t.completion_top_ids} == {4} for t in turns)
+        trained = [t for _, t in store.turns(status=TurnStatus.TRAINED)]
+        assert len(trained) == summary["turns_trained"] >= 4
+        if method == "topk_opd":  # no reward term: only hinted turns train
+            assert all(t.judgement.hint for t in trained)
+
+
 def test_a_mixture_of_four_families_trains_each_and_resumes_after_sigkill(tmp_path):
     """`env=[chat,arith,terminal,toolcall]`: one policy, judge and learner; every env's turns
     are judged and trained, each env has its metrics rows, and a run killed mid-way resumes
@@ -289,6 +307,22 @@ def test_a_run_whose_groups_all_score_the_same_stops_saying_so(tmp_path):
         (lambda c: setattr(c.trainer, "threads", 0), "trainer.threads"),
         (lambda c: setattr(c.trainer, "gradient_checkpointing", "maybe"), "auto, true or false"),
         (lambda c: setattr(c.eval, "pass_k_at", ["switch", "end"]), "unknown \\['end'\\]"),
+        (lambda c: setattr(c.method, "k", 0), "method.k must be in 1..20"),
+        (lambda c: setattr(c.method, "subset", "both"), "method.subset must be one of"),
+        (lambda c: setattr(c.method, "diff_clip", 0.0), "method.diff_clip must be > 0"),
+        (lambda c: setattr(c.method, "topk_clip", -1.0), "method.topk_clip must be > 0"),
+        (
+            lambda c: (setattr(c.method, "name", "topk_opd"), setattr(c.judge, "kind", "env")),
+            "LLM judge",
+        ),
+        (
+            lambda c: (
+                setattr(c.method, "name", "topk_combine"),
+                setattr(c.backend, "kind", "tinker"),
+                setattr(c.backend, "api_key", "tml-x"),
+            ),
+            "use backend=local",
+        ),
     ],
 )
 def test_bad_config_values_say_the_fix(change, fragment):

@@ -4,6 +4,7 @@ from agents.config import EnvConfig
 from agents.trajectory import Judgement, Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
 from trainers.config import MethodConfig
+from trainers.judge import HINT_HEADER
 from trainers.learning import TrainSample
 from trainers.samples import RewardWeights, first_batch, reward_weights, select, turn_reward
 
@@ -30,7 +31,7 @@ def sessions(*specs):
     }
 
 
-def run(judged, found, method="binary", weights=None, **changes):
+def run(judged, found, method="binary", weights=None, encode=None, **changes):
     config = MethodConfig(name=method, **changes)
     return select(
         judged,
@@ -39,7 +40,67 @@ def run(judged, found, method="binary", weights=None, **changes):
         weights=weights or {"e": reward_weights(EnvConfig(), config, "self")},
         current_version=3,
         max_staleness=1,
+        encode=encode,
     )
+
+
+def fake_encode(messages, tools):
+    """Stands in for an engine's `encode` (no chat template needed to test the dispatch):
+    the characters of the last message's content."""
+    return [ord(c) for c in messages[-1]["content"]]
+
+
+TOP = {
+    "completion_top_ids": ((4, 9, 1), (5, 4, 2)),
+    "completion_top_logprobs": ((-0.5, -1.0, -3.0), (-1.25, -1.5, -2.0)),
+}
+
+
+def hinted(score, hint, top=TOP):
+    judgement = Judgement(votes=(), score=score, hint=hint, teacher_logprobs=hint and (-1.0, -1.0))
+    return make_turn(
+        session_id="x", completion_logprobs=ROLLOUT, judgement=judgement, policy_version=3, **top
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "score", "hint", "advantage", "top_k"),
+    [
+        ("topk_combine", 1.0, "Answer in French.", 1.0, True),  # hint, +1: both terms
+        ("topk_combine", 0.0, "Answer in French.", 0.0, True),  # hint, 0: top-k term only
+        ("topk_combine", -1.0, None, -1.0, False),  # no hint: the reward alone
+        ("topk_combine", 0.0, None, None, False),  # neither: dropped
+        ("topk_opd", -1.0, "Answer in French.", 0.0, True),  # no reward term (w_rl 0)
+        ("topk_opd", -1.0, None, None, False),
+    ],
+)
+def test_top_k_methods_follow_combines_table_with_the_top_k_term(
+    method, score, hint, advantage, top_k
+):
+    w_rl = 0.0 if method == "topk_opd" else 1.0
+    found = sessions(("x", None, None))
+    result = run([(1, hinted(score, hint))], found, method, encode=fake_encode, w_rl=w_rl, k=2)
+    if advantage is None:
+        assert result.samples == () and result.dropped == (1,)
+        return
+    (sample,) = result.samples
+    assert sample.advantages == (advantage, advantage)
+    if top_k:  # the hinted teacher's prompt, the old student's top-2 of each position
+        assert sample.teacher_prompt_ids == tuple(ord(c) for c in "hi" + HINT_HEADER + hint)
+        assert sample.top_ids == ((4, 9), (5, 4))
+        assert sample.top_logprobs == ((-0.5, -1.0), (-1.25, -1.5))
+    else:
+        assert sample.teacher_prompt_ids is None and sample.top_ids == ()
+
+
+def test_a_hinted_turn_stored_without_enough_top_k_trains_without_its_hint():
+    found = sessions(("x", None, None))
+    stored = hinted(-1.0, "Answer in French.", top={})
+    result = run([(1, stored)], found, "topk_combine", encode=fake_encode)
+    assert result.samples[0].teacher_prompt_ids is None
+    assert result.samples[0].advantages == (-1.0, -1.0)
+    with pytest.raises(ValueError, match="needs `encode`"):
+        run([(1, stored)], found, "topk_combine")
 
 
 def test_binary_centres_outcomes_within_a_group_at_each_step():

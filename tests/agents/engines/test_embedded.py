@@ -297,3 +297,29 @@ def test_a_request_over_the_bound_only_in_what_the_template_leaves_out_is_served
     )
     assert list(completion.prompt_token_ids) == tiny_engine.encode(MESSAGES)
     assert len(completion.completion_token_ids) > 0
+
+
+def test_top_logprobs_are_each_positions_likeliest_ids_as_the_model_scores_them(tiny_engine):
+    sampling = SamplingParams(temperature=1.0, max_tokens=12, seed=5, top_logprobs=4)
+    completion = tiny_engine.generate(MESSAGES, sampling=sampling)
+    ids, prompt = completion.completion_token_ids, list(completion.prompt_token_ids)
+    assert len(completion.top_ids) == len(completion.top_logprobs) == len(ids) > 0
+    model = tiny_engine.model
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + list(ids)])).logits[0].float()
+    full = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    for position, (top, values) in enumerate(
+        zip(completion.top_ids, completion.top_logprobs, strict=True)
+    ):
+        expected = full[position].topk(4)
+        assert list(top) == expected.indices.tolist()
+        assert list(values) == pytest.approx(expected.values.tolist(), abs=1e-4)
+        assert values[0] >= completion.completion_logprobs[position] - 1e-6
+    # streamed: the chunks carry the same, and a request that asks for none gets none
+    *chunks, final = tiny_engine.stream(MESSAGES, sampling=sampling)
+    assert tuple(t for c in chunks for t in c.top_ids) == final.top_ids == completion.top_ids
+    plain = tiny_engine.generate(MESSAGES, sampling=dataclasses.replace(sampling, top_logprobs=0))
+    assert plain.top_ids == plain.top_logprobs == ()
+    assert plain.completion_token_ids == ids
+    with pytest.raises(ValueError, match="top_logprobs must be in"):
+        SamplingParams(top_logprobs=21)

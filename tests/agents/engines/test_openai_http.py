@@ -168,3 +168,57 @@ def test_a_prompt_past_the_context_is_told_apart_from_other_bad_requests(status,
 def test_a_server_error_is_never_a_context_refusal():
     error = _error_of(httpx.Response(500, json={"error": {"message": VLLM_CONTEXT}}))
     assert not isinstance(error, BadRequestError | ContextExceeded)
+
+
+def _top_entry(token_id, logprob, tops):
+    """One position as vLLM 0.32 sends it with `return_tokens_as_token_ids`: the sampled
+    token first in its top list when it ranks below what was asked."""
+    return {
+        "token": f"token_id:{token_id}",
+        "logprob": logprob,
+        "bytes": [104],
+        "top_logprobs": [{"token": f"token_id:{i}", "logprob": lp, "bytes": []} for i, lp in tops],
+    }
+
+
+def test_top_k_is_asked_for_as_k_plus_one_ids_and_read_back_sorted():
+    sampling = SamplingParams(top_logprobs=2)
+    body = chat_body(
+        "m", [{"role": "user", "content": "hi"}], None, sampling, token_ids=True, logprobs=True
+    )
+    assert body["top_logprobs"] == 3 and body["return_tokens_as_token_ids"] is True
+    plain = chat_body(
+        "m",
+        [{"role": "user", "content": "hi"}],
+        None,
+        SamplingParams(),
+        token_ids=True,
+        logprobs=True,
+    )
+    assert "top_logprobs" not in plain and "return_tokens_as_token_ids" not in plain
+    response = {
+        "prompt_token_ids": [1],
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "hh"},
+                "token_ids": [9, 4],
+                "logprobs": {
+                    "content": [
+                        # sampled 9 ranks fourth: listed first, then the top 2
+                        _top_entry(9, -3.0, [(9, -3.0), (4, -0.5), (7, -1.0)]),
+                        # sampled 4 ranks first: the top 3, no extra
+                        _top_entry(4, -0.1, [(4, -0.1), (2, -2.5), (8, -2.9)]),
+                    ]
+                },
+                "finish_reason": "length",
+            }
+        ],
+    }
+    completion = completion_from_chat(response, 0, None, top_k=2)
+    assert completion.top_ids == ((4, 7), (4, 2))
+    assert completion.top_logprobs == ((-0.5, -1.0), (-0.1, -2.5))
+    assert completion.text == "hh"  # the raw text still comes from each token's bytes
+    assert completion_from_chat(response, 0, None).top_ids == ()
+    events = [{"choices": [dict(response["choices"][0], delta={"content": "hh"})]}]
+    *chunks, final = stream_completion(iter(events), 0, None, top_k=2)
+    assert chunks[0].top_ids == final.top_ids == ((4, 7), (4, 2))
