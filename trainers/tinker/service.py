@@ -36,17 +36,17 @@ from trainers.tinker.losses import (
     ATTENTION,
     LOSSES,
     MLP,
-    _check_datum,
-    _check_loss_config,
-    _micro_batches,
-    _vocab,
+    check_datum,
+    check_loss_config,
+    micro_batches,
     tinker_loss,
+    vocab_size,
 )
 from trainers.tinker.samplers import Sampler, TorchSampler
 from trainers.tinker.sampling import SamplingParams, batch_target_logprobs
 from trainers.tinker.wire import Datum, Sampled
 
-__all__ = ["SamplingParams", "TinkerService", "_check_datum", "_check_loss_config", "tinker_loss"]
+__all__ = ["TinkerService"]
 
 logger = logging.getLogger(__name__)
 
@@ -246,14 +246,14 @@ class TinkerService:
         learner = self.learner(model_id)
         if loss_fn not in LOSSES:
             raise UserError(f"unknown loss_fn {loss_fn!r}; this server serves {LOSSES}")
-        _check_loss_config(loss_fn, config)
+        check_loss_config(loss_fn, config)
         self.check_data(data)
-        vocab = _vocab(learner.model)
-        checked = [_check_datum(d, i, loss_fn, vocab) for i, d in enumerate(data)]
+        vocab = vocab_size(learner.model)
+        checked = [check_datum(d, i, loss_fn, vocab) for i, d in enumerate(data)]
         outputs, total = [], 0.0
         on = learner.device
         with torch.set_grad_enabled(not forward_only):
-            for batch in _micro_batches(checked, learner.config.micro_batch_tokens):
+            for batch in micro_batches(checked, learner.config.micro_batch_tokens):
                 tokens = [t.to(on) for t, _ in batch]
                 inputs = [{n: v.to(on) for n, v in i.items()} for _, i in batch]
                 rows = batch_target_logprobs(
