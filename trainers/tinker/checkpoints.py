@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
+from agents.api_keys import KEYLESS_USER
 from trainers.learner import Learner
 from trainers.tinker.errors import NotFound, UserError
 
 KINDS = ("weights", "sampler_weights")
-LOCAL = "local"
+LOCAL = KEYLESS_USER
 """The owner of every run on a server without keys (and of runs recorded before owners)."""
 MODEL_ID = re.compile(r"[A-Za-z0-9-]{1,80}:train:[0-9]{1,9}")
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
