@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from agents.api_keys import read_keys
 from trainers.tinker import checkpoints, fields
-from trainers.tinker.errors import NotFound, TooLarge, TooMany, UserError
+from trainers.tinker.errors import NotFound, QuotaExceeded, TooLarge, TooMany, UserError
 from trainers.tinker.futures import POLL_SECONDS, Futures
 from trainers.tinker.gate import OWNER, Gate
 from trainers.tinker.service import TinkerService
@@ -44,6 +44,7 @@ def build_app(service: TinkerService, api_key: Keys = None) -> FastAPI:
     users = _users(api_key)
     app.add_middleware(Gate, users=users, max_body_bytes=service.limits.max_body_bytes)
     statuses: dict[type[Exception], int] = {NotFound: 404, TooMany: 429, TooLarge: 413}
+    statuses[QuotaExceeded] = 403
     statuses[UserError] = 400  # refused before a future exists: the SDK's BadRequestError
     for error_type, status in statuses.items():
         app.add_exception_handler(error_type, partial(_refuse, status))
@@ -175,6 +176,7 @@ def _training_routes(app: FastAPI, service: TinkerService, futures: Futures) -> 
         owner, body = _owner(request), await fields.json_body(request)
         model_id = service.check_owner(owner, body.get("model_id"))
         name = checkpoints.check_name(body.get("path"))
+        service.check_room(owner, model_id, "weights", name)
 
         def run() -> dict:
             return {"type": "save_weights", "path": service.save(model_id, "weights", name)}
@@ -260,6 +262,8 @@ def _sampling_routes(app: FastAPI, service: TinkerService, futures: Futures) -> 
         # without a name the SDK wants a sampling session on a snapshot of the weights now
         name = body.get("path")
         name = None if name is None else checkpoints.check_name(name)
+        if name is not None:
+            service.check_room(owner, model_id, "sampler_weights", name)
 
         def run() -> dict:
             if name is not None:

@@ -28,7 +28,7 @@ import torch
 from agents import models
 from trainers.config import TrainerConfig
 from trainers.learner import Learner
-from trainers.tinker import checkpoints
+from trainers.tinker import checkpoints, quota
 from trainers.tinker.checkpoints import LOCAL
 from trainers.tinker.errors import NotFound, TooMany, UserError
 from trainers.tinker.limits import TinkerLimits
@@ -292,10 +292,20 @@ class TinkerService:
         learner.version += 1
         return {"grad_norm:mean": float(norm)}
 
+    def check_room(self, owner: str, model_id: str, kind: str, name: str) -> None:
+        """Raises QuotaExceeded where `owner` may save no more checkpoints (`quota`)."""
+        target = self.run_dir / checkpoints.model_slug(model_id) / kind / name
+        quota.check_room(self.run_dir, owner, self.limits, target)
+
     def save(self, model_id: str, kind: str, name: str) -> str:
-        """save_state (`weights`) or save_weights_for_sampler (`sampler_weights`); returns the
-        checkpoint's tinker:// path."""
-        directory = checkpoints.save_state(self.learner(model_id), kind, name)
+        """save_state (`weights`) or save_weights_for_sampler (`sampler_weights`), within
+        the owner's checkpoint quota; returns the checkpoint's tinker:// path."""
+        learner, owner = self.learner(model_id), self.owners[model_id]
+
+        def admit(target: Path, size: int) -> None:
+            quota.check_room(self.run_dir, owner, self.limits, target, size)
+
+        directory = checkpoints.save_state(learner, kind, name, admit)
         self.sampler.forget(directory)
         return checkpoints.tinker_path(model_id, kind, name)
 
