@@ -21,12 +21,14 @@ from typing import Any
 
 import gymnasium as gym
 
+from agents.api_keys import read_keys
 from agents.config import (
     EngineConfig,
     EnvConfig,
     ModelConfig,
     SamplingConfig,
     ServeSection,
+    serve_key,
     validate_engine,
     validate_serve,
 )
@@ -181,6 +183,7 @@ def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID
         model_name=model_name,
         env_id=env_id,
         api_key=serve_key(serve),
+        user_keys=read_keys(serve.api_keys, serve.api_keys_file, "serve.api_keys"),
         admin_key=serve.admin_key or os.environ.get("CLAWGYM_ADMIN_KEY") or None,
         default_turn_type=TurnType(serve.turn_type),
         max_tokens=serve.max_tokens,
@@ -189,11 +192,6 @@ def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID
         request_timeout_s=serve.request_timeout_s,
         top_logprobs=serve.top_logprobs,
     )
-
-
-def serve_key(serve: ServeSection) -> str | None:
-    """The API key clients must send: `serve.api_key`, else $CLAWGYM_API_KEY."""
-    return serve.api_key or os.environ.get("CLAWGYM_API_KEY") or None
 
 
 @contextlib.contextmanager

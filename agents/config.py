@@ -10,8 +10,11 @@ Every field has a one-line doc; each `validate_*` raises a ValueError that says 
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from agents.api_keys import read_keys
 
 ENGINE_BACKENDS = ("embedded", "vllm", "remote")
 PREFIX_CACHE_TOKENS = 16384
@@ -139,7 +142,13 @@ class ServeSection:
     port: int = 30000
     """Listening port (0: any free port, logged at start)."""
     api_key: str | None = None
-    """Bearer key clients must send (required beyond loopback; or $CLAWGYM_API_KEY)."""
+    """The proxy's own key (or $CLAWGYM_API_KEY): its clients keep their session ids as sent
+    (a training run's rollouts send it). Beyond loopback a key is required: this or a user's."""
+    api_keys: list[str] = field(default_factory=list)
+    """Users' keys, `KEY` or `USER KEY` each (`agents.api_keys`): each user's sessions are
+    their own, whichever of their keys they send."""
+    api_keys_file: str | None = None
+    """A file of such entries, one a line (blank lines and lines starting with # skipped)."""
     admin_key: str | None = None
     """Bearer key of the /admin routes (or $CLAWGYM_ADMIN_KEY); none: one is generated at
     start and logged."""
@@ -159,6 +168,11 @@ class ServeSection:
     top_logprobs: int = 0
     """Top-k log-probs each turn keeps at each sampled position, whatever its client asks
     for (0-20); a training run sets it to its top-k method's `method.k`."""
+
+
+def serve_key(serve: ServeSection) -> str | None:
+    """The proxy's own key (its own clients send it): `serve.api_key`, else $CLAWGYM_API_KEY."""
+    return serve.api_key or os.environ.get("CLAWGYM_API_KEY") or None
 
 
 def is_loopback(host: str) -> bool:
@@ -209,10 +223,11 @@ def validate_serve(serve: ServeSection) -> None:
     for name, limit in limits.items():
         if not limit > 0:
             raise ValueError(f"serve.{name} must be positive, got {limit}")
-    if not serve.api_key and not is_loopback(serve.host):
+    users = read_keys(serve.api_keys, serve.api_keys_file, "serve.api_keys")
+    if not serve.api_key and not users and not is_loopback(serve.host):
         raise ValueError(
             f"serve.host={serve.host} is beyond loopback: set serve.api_key=... (or "
-            "CLAWGYM_API_KEY) too"
+            "CLAWGYM_API_KEY) or serve.api_keys too"
         )
 
 

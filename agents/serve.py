@@ -26,8 +26,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from agents.compose import build_engine, proxy_config, serve_key
-from agents.config import EngineConfig, ModelConfig, ServeSection, validate_serve
+from agents.compose import build_engine, proxy_config
+from agents.config import EngineConfig, ModelConfig, ServeSection, serve_key, validate_serve
 from agents.serving.app import build_app
 from agents.serving.proxy import Proxy
 from agents.serving.server import protocol

@@ -28,10 +28,9 @@ from agents.compose import (
     build_tinker_engine,
     env_factory,
     place_beside_learner,
-    serve_key,
     serve_policy,
 )
-from agents.config import EnvConfig, ServeSection
+from agents.config import EnvConfig, ServeSection, serve_key
 from agents.engines.base import Engine
 from agents.seats import ProxySeat
 from agents.serving.proxy import LIVE_ENV_ID, Proxy

@@ -20,6 +20,7 @@ from agents.config import (
     ModelConfig,
     SamplingConfig,
     ServeSection,
+    serve_key,
     validate_engine,
     validate_envs,
     validate_serve,
@@ -433,6 +434,11 @@ def validate(config: RunConfig) -> None:
     validate_envs(config.env)
     validate_engine(config.engine)
     validate_serve(config.serve)
+    if (config.serve.api_keys or config.serve.api_keys_file) and not serve_key(config.serve):
+        raise ValueError(
+            "serve.api_keys: a training run's own rollouts reach the proxy with serve.api_key "
+            "(its own clients' key); set it (or CLAWGYM_API_KEY) too"
+        )
     validate_training_engine(config.engine, config.trainer)
     validate_method(config.method)
     validate_cluster(config.cluster)

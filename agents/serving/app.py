@@ -147,7 +147,9 @@ async def _chat(
     `scope` and `receive` tell when the client leaves."""
     chat = _chat_request(raw)
     try:  # the body's session fields are extra fields of the request: identify pops them
-        info = identify(headers, chat.model_extra or {}, proxy.config.default_turn_type, proxy.home)
+        info = identify(
+            headers, chat.model_extra or {}, proxy.config.default_turn_type, proxy.home, proxy.users
+        )
     except SessionRefused as error:
         raise api.ApiError(400, str(error), param=error.param) from error
     adapter = proxy.adapter(chat.model)

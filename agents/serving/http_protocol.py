@@ -13,22 +13,17 @@ client's connection is lost: an application learns that a client left with a cal
 where ASGI alone needs a task waiting on `receive()` for each request (0.1 ms a request
 here).
 
-It also closes connections that hold a file and do nothing: uvicorn arms its keep-alive
-timer only after a response, so a connection that never sends a request was kept for ever,
-and it has no timer at all on receiving a request, so a client that sends a byte at a time
-kept one as long as it liked (20,400 idle connections exhausted the proxy's file limit, and
-200 slow clients were never closed). `http_protocol` gives the protocol its two limits.
+Its connection limits (idle connections and slow requests closed) are
+`envs.connections.TimedHttpProtocol`'s, which the OpenEnv server serves with too;
+`http_protocol` gives the protocol its two limits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-logger = logging.getLogger(__name__)
+from envs.connections import TimedHttpProtocol, timed_protocol
 
 CONNECTION_LOST = "clawgym.connection_lost"
 """The scope extension holding the future of the request's connection being lost."""
@@ -107,77 +102,25 @@ class CoalescingTransport(asyncio.Transport):
         return self._transport.get_protocol()
 
 
-class CoalescingHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a `CoalescingTransport`, telling its
-    requests when the connection is lost, and closing a connection that is idle for
-    `idle_timeout_s` or takes over `request_timeout_s` to send a request."""
-
-    idle_timeout_s: float = 30.0
-    """A connection with no request under way is closed after this long without a byte."""
-    request_timeout_s: float = 60.0
-    """A request's head and body must have arrived this long after its first byte."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # uvicorn's keep-alive timer, armed after each response, gets the same limit as a
-        # connection that has not sent a request yet (uvicorn's own setting is in whole
-        # seconds: the tests use fractions).
-        self.timeout_keep_alive = self.idle_timeout_s  # type: ignore[assignment]
-        self._deadline: asyncio.TimerHandle | None = None
+class CoalescingHttpProtocol(TimedHttpProtocol):
+    """uvicorn's httptools protocol with the connection limits of `envs.connections`
+    (`idle_timeout_s`, `request_timeout_s`), writing through a `CoalescingTransport` and
+    telling its requests when the connection is lost."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         super().connection_made(CoalescingTransport(transport))
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
-
-    def data_received(self, data: bytes) -> None:
-        # The first byte of a request starts its clock; bytes that come while a response
-        # is under way (a pipelined request) start it when that response is over, as the
-        # keep-alive timer does.
-        if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
-            self._deadline = self.loop.call_later(self.request_timeout_s, self._too_slow)
-        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope["extensions"] = {CONNECTION_LOST: self.lost}  # type: ignore[dict-item]
 
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._stop_deadline()
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_deadline()
         if not self.lost.done():
             self.lost.set_result(None)
         super().connection_lost(exc)
 
-    def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _too_slow(self) -> None:
-        """Closes a connection whose request did not arrive in time; a request the app is
-        reading the body of sees the client leave."""
-        self._deadline = None
-        if not self.transport.is_closing():
-            logger.info(
-                "closed a connection from %s: its request took over %.0f s to arrive",
-                self.client,
-                self.request_timeout_s,
-            )
-            self.transport.close()
-
 
 def http_protocol(idle_timeout_s: float, request_timeout_s: float) -> type[CoalescingHttpProtocol]:
-    """`CoalescingHttpProtocol` with these limits, for uvicorn's `http=` (it makes a
-    protocol per connection from a class, with its own arguments only)."""
-
-    class Protocol(CoalescingHttpProtocol):
-        pass
-
-    Protocol.idle_timeout_s, Protocol.request_timeout_s = idle_timeout_s, request_timeout_s
-    return Protocol
+    """`CoalescingHttpProtocol` with these limits, for uvicorn's `http=`."""
+    return timed_protocol(CoalescingHttpProtocol, idle_timeout_s, request_timeout_s)

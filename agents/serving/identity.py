@@ -9,15 +9,17 @@ it. A session id is 1-256 printable ASCII characters (it goes back in a response
 No turn type: the configured default (`main`), so a client that sends no headers still
 trains, unlike OpenClaw-RL's proxy.
 
-Session ids are scoped by credential: the same `X-Session-Id` sent with two credentials
-names two sessions, so no client can append to, fill or pre-claim another's. A request's
+Session ids are scoped by who is asking: the same `X-Session-Id` sent by two clients names
+two sessions, so no client can append to, fill or pre-claim another's. A request's
 `Authorization` is parsed once (`credential`: the scheme case-insensitive, one canonical
 form, compared in constant time). The proxy's own clients (`home`: its key; on a proxy
-without one, no key or the placeholder `none`, which clawgym's own clients send) keep
+without keys, no key or the placeholder `none`, which clawgym's own clients send) keep
 their ids as sent, so the store's ids are the client's and the episode routes' sessions are
-theirs; any other credential's session is stored as `~<tag>~<id>` (`SessionInfo.stored_id`,
-the tag a hash of the credential, never the key), an id no client may send. Clients that
-share a key, or send none, are one client.
+theirs. A user's key (`serve.api_keys`, `agents.api_keys`) scopes by the user it names, so
+a user's keys share their sessions; on a proxy without keys, any other credential is a
+scope of its own. Such a session is stored as `~<tag>~<id>` (`SessionInfo.stored_id`, the
+tag a hash of the user's name or of the credential, never a key), an id no client may send.
+Clients that share a key, or send none, are one client.
 
 Only the client that opened a session may close it: its credential is kept in the
 session's metadata as a salted hash (`OWNER`); a session the episode routes opened
@@ -106,18 +108,41 @@ def is_one_of(given: bytes, credentials: Collection[bytes]) -> bool:
     return any([secrets.compare_digest(given, known) for known in credentials])
 
 
-def home_credentials(api_key: str | None) -> frozenset[bytes]:
-    """The credentials of a proxy's own clients: its key; without one, none or `none`."""
-    return frozenset({bearer(api_key)} if api_key else {b"", NO_KEY})
+def home_credentials(api_key: str | None, users: bool = False) -> frozenset[bytes]:
+    """The credentials of a proxy's own clients: its key; without one, none or `none`, unless
+    it has `users`' keys (then every client must send a key, and none is home)."""
+    if api_key:
+        return frozenset({bearer(api_key)})
+    return frozenset() if users else frozenset({b"", NO_KEY})
 
 
-def scope_of(given: bytes, home: Collection[bytes]) -> str:
-    """The scope of a credential: empty for a home one; else 96 bits of a hash of it, the
-    same across restarts, from which the key cannot be read back (nor guessed, for a real
-    key)."""
+def user_credentials(user_keys: Mapping[str, str]) -> dict[bytes, str]:
+    """Users' keys (`agents.api_keys`: key -> user) as the lookup `user_of` takes: the hash of
+    each key's canonical credential -> its user."""
+    return {_digest(bearer(key)): user for key, user in user_keys.items()}
+
+
+def user_of(given: bytes, users: Mapping[bytes, str]) -> str | None:
+    """The user whose key `given` is (`user_credentials`), if any. Looked up by a hash of the
+    credential, so the time taken says nothing of how much of a key was right."""
+    return users.get(_digest(given)) if users else None
+
+
+def scope_of(
+    given: bytes, home: Collection[bytes], users: Mapping[bytes, str] | None = None
+) -> str:
+    """The scope of a credential: empty for a home one; a user's key: 96 bits of a hash of
+    the user's name, so that all the user's keys share it; else of the credential. The same
+    across restarts, and the key cannot be read back from it (nor guessed, for a real key)."""
     if is_one_of(given, home):
         return ""
+    if (user := user_of(given, users or {})) is not None:
+        return hashlib.sha256(b"clawgym.user-scope\0" + user.encode()).hexdigest()[:24]
     return hashlib.sha256(b"clawgym.session-scope\0" + given).hexdigest()[:24]
+
+
+def _digest(given: bytes) -> bytes:
+    return hashlib.sha256(b"clawgym.user-key\0" + given).digest()
 
 
 def stored_id(scope: str, session_id: str) -> str:
@@ -135,9 +160,11 @@ def identify(
     body: MutableMapping[str, Any],
     default: TurnType,
     home: Collection[bytes] = frozenset({b""}),
+    users: Mapping[bytes, str] | None = None,
 ) -> SessionInfo:
     """The session of a request; pops the body fallbacks so the engine never sees them.
-    `home`: the credentials of the proxy's own clients (`home_credentials`).
+    `home`: the credentials of the proxy's own clients (`home_credentials`); `users`: its
+    users' keys (`user_credentials`).
 
     Raises:
         SessionRefused: a session id or turn type the proxy cannot take.
@@ -158,7 +185,7 @@ def identify(
         done=str(done).lower() in _TRUE if done is not None else False,
         named=bool(session_id),
         credential=(given := credential(headers)),
-        scope=scope_of(given, home),
+        scope=scope_of(given, home, users),
     )
 
 

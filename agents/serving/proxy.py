@@ -23,12 +23,19 @@ import logging
 import secrets
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agents.engines.base import BASE, MAX_TOP_LOGPROBS, POLICY, Engine
 from agents.engines.replicas import ReplicaSet, SessionEngine
 from agents.serving import openai_api as api
-from agents.serving.identity import bearer, credential, home_credentials, is_one_of
+from agents.serving.identity import (
+    bearer,
+    credential,
+    home_credentials,
+    is_one_of,
+    user_credentials,
+    user_of,
+)
 from agents.serving.sessions import SessionTracker
 from agents.store import Store
 from agents.trajectory import TurnType
@@ -50,7 +57,11 @@ class ProxyConfig:
     model_name: str = "policy"
     """Also accepted as a name of the policy (besides `policy`)."""
     api_key: str | None = None
-    """Bearer token every /v1 request must carry; None: no check."""
+    """The bearer token of the proxy's own clients (they keep their session ids as sent);
+    None and no `user_keys`: no check."""
+    user_keys: Mapping[str, str] = field(default_factory=dict)
+    """Users' bearer tokens, each with the user it names (`agents.api_keys.read_keys`): a
+    /v1 request must carry one of these or `api_key`; a user's sessions are its own."""
     admin_key: str | None = None
     """Bearer token every /admin request must carry, on loopback too; None: one is
     generated at start and logged (`Proxy.admin_key` in process)."""
@@ -105,7 +116,9 @@ class Proxy:
         self.config = config or ProxyConfig()
         self.admin_key = self.config.admin_key or _generated_admin_key()
         """The bearer key of the /admin routes (for in-process clients: `ProxySeat`)."""
-        self.home = home_credentials(self.config.api_key)
+        self.users = user_credentials(self.config.user_keys)
+        """Users' keys, looked up by a hash of the credential (`identity.user_of`)."""
+        self.home = home_credentials(self.config.api_key, users=bool(self.users))
         """The canonical credentials of the proxy's own clients (`agents.serving.identity`)."""
         self._admin = frozenset({bearer(self.admin_key)})
         self.sessions = SessionTracker(store, self.config.env_id)
@@ -133,7 +146,10 @@ class Proxy:
         """Refuses a request without the configured bearer key (a plain check per route:
         Starlette's HTTP middleware costs about a millisecond a request); `headers` have
         lower-case names."""
-        if self.config.api_key and not is_one_of(credential(headers), self.home):
+        if not (self.config.api_key or self.users):
+            return
+        given = credential(headers)
+        if not is_one_of(given, self.home) and user_of(given, self.users) is None:
             raise api.ApiError(401, "a valid API key is required", code="invalid_api_key")
 
     def check_admin(self, headers: Mapping[str, str]) -> None:

@@ -89,8 +89,8 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 import trainers
-from agents.compose import build_engine, env_factory, serve_key, serve_policy, split_cpus
-from agents.config import PREFIX_CACHE_TOKENS, ServeSection
+from agents.compose import build_engine, env_factory, serve_policy, split_cpus
+from agents.config import PREFIX_CACHE_TOKENS, ServeSection, serve_key
 from agents.engines.base import Engine
 from agents.engines.embedded import EmbeddedEngine
 from agents.engines.vllm import VLLMEngine

@@ -47,8 +47,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents.compose import env_factory, serve_key, serve_policy
-from agents.config import EnvConfig, ServeSection
+from agents.compose import env_factory, serve_policy
+from agents.config import EnvConfig, ServeSection, serve_key
 from agents.engines.base import Completion, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
 from agents.seats import ProxySeat

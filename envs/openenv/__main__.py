@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         ("max_sessions", int, "sessions open at once (503 past it)"),
         ("max_sessions_per_client", int, "sessions one key or address holds (429 past it)"),
         ("session_idle_s", float, "an HTTP-made session idle this long is closed"),
+        ("websocket_idle_s", float, "a WebSocket that sends nothing this long is closed"),
         ("idle_timeout_s", float, "a connection idle this long is closed"),
         ("request_timeout_s", float, "a request must arrive within this long"),
     ):
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_sessions=args.max_sessions,
                 max_sessions_per_client=args.max_sessions_per_client,
                 session_idle_s=args.session_idle_s,
+                websocket_idle_s=args.websocket_idle_s,
                 idle_timeout_s=args.idle_timeout_s,
                 request_timeout_s=args.request_timeout_s,
             ),

@@ -14,12 +14,11 @@ middleware in front of OpenEnv's app, bounds them:
   WebSocket's) is not reachable over HTTP;
 - an HTTP-made session idle for `session_idle_s` is closed, and its env with it.
 
-A WebSocket's session lives as long as its connection (uvicorn pings it, and closes it when
-the peer is gone). `TimedHttpProtocol` closes connections that idle or send slowly: uvicorn
-arms its keep-alive timer only after a response, so a connection that never sends a request
-was kept for ever, and a request sent a byte at a time as long as its client liked. The
-proxy's server has the same limits (`agents.serving.http_protocol`), but envs import nothing
-from agents (layers point down), so this module gives the OpenEnv server its own.
+A WebSocket's session lives as long as its connection: uvicorn closes it when the peer is
+gone (its pings go unanswered), and this middleware when the peer, alive, sends no message
+for `websocket_idle_s` while the server waits for one (`_idle_closing`). HTTP connections
+that idle or send slowly are closed by `envs.connections.TimedHttpProtocol`, the protocol
+the proxy's server uses too.
 """
 
 from __future__ import annotations
@@ -35,12 +34,15 @@ from typing import Any
 from openenv.core.env_server.http_server import HTTPEnvServer
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from envs.connections import TimedHttpProtocol, timed_protocol
 
 logger = logging.getLogger(__name__)
 
 SESSION_ROUTES = ("/ws", "/mcp")
 """The WebSocket routes that open a session per connection."""
+IDLE_CLOSE = 1001
+"""The close code of a WebSocket closed for saying nothing ("going away")."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ServerLimits:
     """Sessions one client (its key, or without keys its peer address) holds; 429 past it."""
     session_idle_s: float = 600.0
     """An HTTP-made session without a request for this long is closed, with its env."""
+    websocket_idle_s: float = 600.0
+    """A WebSocket that sends no message for this long while the server waits for one is
+    closed (code 1001), and its session and env with it."""
     idle_timeout_s: float = 30.0
     """A connection with no request under way is closed after this long."""
     request_timeout_s: float = 60.0
@@ -62,7 +67,12 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         counts = (self.max_sessions, self.max_sessions_per_client, self.max_body_bytes)
-        times = (self.session_idle_s, self.idle_timeout_s, self.request_timeout_s)
+        times = (
+            self.session_idle_s,
+            self.websocket_idle_s,
+            self.idle_timeout_s,
+            self.request_timeout_s,
+        )
         if min(counts) < 1 or not all(t > 0 for t in times):
             raise ValueError(
                 f"max_sessions, max_sessions_per_client and max_body_bytes must be at least 1 "
@@ -129,7 +139,7 @@ class SessionLimiter:
             return
         self.held[client] += 1  # no await since the check: no other request came between
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, *_idle_closing(receive, send, self.limits.websocket_idle_s))
         finally:
             self._release(client)
 
@@ -180,6 +190,35 @@ class SessionLimiter:
                     logger.info("closed the HTTP session %s: idle for %.0f s", session_id, idle)
                 except Exception:
                     logger.exception("closing the idle session %s failed", session_id)
+
+
+def _idle_closing(receive: Receive, send: Send, idle_s: float) -> tuple[Receive, Send]:
+    """A WebSocket's `receive` and `send` that close it when the client sends nothing for
+    `idle_s` while the app waits for a message: the client gets a close frame (1001), the
+    app a disconnect (so OpenEnv closes the session and its env), and what the app sends
+    after it is dropped. uvicorn's pings keep a quiet but live peer open, so without this
+    a client could hold a session for ever by saying nothing. The clock runs only while the
+    app waits, so a long env step is never counted against its client."""
+    closed = False
+
+    async def timed_receive() -> Message:
+        nonlocal closed
+        if closed:
+            return {"type": "websocket.disconnect", "code": IDLE_CLOSE}
+        try:
+            return await asyncio.wait_for(receive(), idle_s)
+        except TimeoutError:
+            closed = True
+        logger.info("closed a WebSocket session: no message for %.0f s", idle_s)
+        reason = f"no message for {idle_s:g} s (websocket_idle_s)"
+        await send({"type": "websocket.close", "code": IDLE_CLOSE, "reason": reason})
+        return {"type": "websocket.disconnect", "code": IDLE_CLOSE}
+
+    async def guarded_send(message: Message) -> None:
+        if not closed:
+            await send(message)
+
+    return timed_receive, guarded_send
 
 
 async def _body(receive: Receive, limit: int) -> bytes | None:
@@ -252,58 +291,8 @@ async def _deny_websocket(
     await send({"type": "websocket.http.response.body", "body": body})
 
 
-class TimedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, closing a connection idle for `idle_timeout_s` (from
-    its start too) or taking over `request_timeout_s` to send a request's head and body."""
-
-    idle_timeout_s: float = 30.0
-    request_timeout_s: float = 60.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.timeout_keep_alive = self.idle_timeout_s  # type: ignore[assignment]
-        self._deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
-
-    def data_received(self, data: bytes) -> None:
-        if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
-            self._deadline = self.loop.call_later(self.request_timeout_s, self._too_slow)
-        super().data_received(data)
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._stop_deadline()
-
-    def handle_websocket_upgrade(self) -> None:
-        self._stop_deadline()  # the WebSocket protocol takes the connection over
-        super().handle_websocket_upgrade()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_deadline()
-        super().connection_lost(exc)
-
-    def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _too_slow(self) -> None:
-        self._deadline = None
-        if not self.transport.is_closing():
-            logger.info("closed a connection from %s: its request was too slow", self.client)
-            self.transport.close()
-
-
 def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     """uvicorn.Config's options that apply `limits` to connections."""
 
-    class Protocol(TimedHttpProtocol):
-        idle_timeout_s = limits.idle_timeout_s
-        request_timeout_s = limits.request_timeout_s
-
-    return {"http": Protocol, "ws": "websockets"}  # websockets: refusals as HTTP statuses
+    protocol = timed_protocol(TimedHttpProtocol, limits.idle_timeout_s, limits.request_timeout_s)
+    return {"http": protocol, "ws": "websockets"}  # websockets: refusals as HTTP statuses

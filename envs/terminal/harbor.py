@@ -13,9 +13,12 @@ A task folder is untrusted input: its files go into the sandbox, the verifier's 
 the stored transcripts. A symbolic link in it may point only inside the folder (resolved
 through every link of a chain); a task with a link that leaves it, or that is itself a
 link, is refused with a ValueError naming the link, so a task cannot bring in a file of the
-host. Every number read from `task.toml` (the agent's, the verifier's and the build's
-`timeout_sec` / `build_timeout_sec`) must be a finite number of seconds above 0 and at most
-`MAX_TIMEOUT_SEC` (a day).
+host (`tasks.check_links`, which terminal-bench folders and so the converter get too). The
+folder is checked again right before a Docker build context is made of it, and each file as
+it is read into the context: a folder can change between loading and building. Every number
+read from `task.toml` (the agent's, the verifier's and the build's `timeout_sec` /
+`build_timeout_sec`) must be a finite number of seconds above 0 and at most
+`MAX_TIMEOUT_SEC` (a day; `tasks.seconds`).
 
 How the Dockerfile is used:
 - Docker backend: built locally with `--network none` and never pulled; the only allowed
@@ -50,7 +53,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import re
 import shlex
@@ -64,7 +66,13 @@ from typing import Any
 
 import yaml
 
-from envs.terminal.tasks import SHIPPED, TerminalTask, load_tbench_task
+from envs.terminal.tasks import (
+    SHIPPED,
+    TerminalTask,
+    check_links,
+    load_tbench_task,
+    seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +82,6 @@ TEST_COMMAND = "bash /tests/test.sh"
 # The agent's commands are cut at this many seconds unless `[agent] timeout_sec` is shorter
 # (Harbor's agent timeout bounds a whole episode; the env bounds each command).
 COMMAND_TIMEOUT = 30.0
-MAX_TIMEOUT_SEC = 86_400.0  # the bound of every timeout of task.toml: a day
 _IGNORED = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "MAINTAINER", "HEALTHCHECK", "STOPSIGNAL"}
 
 
@@ -143,7 +150,7 @@ def load_harbor(directory: str) -> tuple[TerminalTask, ...]:
 def load_harbor_task(path: Path) -> TerminalTask:
     """One Harbor task folder; raises ValueError naming what is missing or malformed, or a
     link that leaves the folder (see the module docstring)."""
-    check_links(path)
+    check_links(path, "Harbor task")
     for required in ("instruction.md", "task.toml", "environment/Dockerfile", "tests/test.sh"):
         if not (path / required).is_file():
             raise ValueError(f"Harbor task {path} has no {required}")
@@ -178,44 +185,14 @@ def load_harbor_task(path: Path) -> TerminalTask:
     )
 
 
-def check_links(path: Path) -> None:
-    """Raises ValueError when the task folder `path` is a symbolic link or holds one whose
-    target, followed through every link of a chain, is outside the folder."""
-    if path.is_symlink():
-        raise ValueError(f"Harbor task {path} is a symbolic link; a task folder must be a folder")
-    root = path.resolve()
-    for folder, directories, files in os.walk(path):  # never descends into linked folders
-        for name in directories + files:
-            entry = Path(folder, name)
-            if entry.is_symlink() and not _inside(entry, root):
-                raise ValueError(
-                    f"Harbor task {path}: {entry.relative_to(path)} is a symbolic link to "
-                    f"{os.readlink(entry)}, which leaves the task folder (or loops); links "
-                    "must stay inside it"
-                )
-
-
-def _inside(link: Path, root: Path) -> bool:
-    """Whether `link`, followed through every link of its chain, ends inside `root`."""
-    try:
-        return link.resolve().is_relative_to(root)
-    except (RuntimeError, OSError):  # a loop of links
-        return False
-
-
 def _seconds(
     config: dict[str, Any], section: str, default: float, path: Path, key: str = "timeout_sec"
 ) -> float:
     """`[section] key` of a task's `task.toml`: a finite number of seconds in (0,
     MAX_TIMEOUT_SEC], else a ValueError naming the field, its value and the bound."""
-    value = config.get(section, {}).get(key, default)
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SEC:
-        raise ValueError(
-            f"{path / 'task.toml'}: [{section}] {key} must be a positive number of seconds, "
-            f"finite and at most {MAX_TIMEOUT_SEC:g}; got {value!r}"
-        )
-    return float(value)
+    return seconds(
+        config.get(section, {}).get(key, default), f"{path / 'task.toml'}: [{section}] {key}"
+    )
 
 
 def _files(directory: Path) -> tuple[tuple[str, str], ...]:
@@ -327,6 +304,9 @@ def build_image(environment: str) -> str:
     from envs.sandbox import SandboxError
 
     context = Path(environment)
+    # The folder was checked when loaded, and may have changed since: check it again right
+    # before its files go to the Docker daemon (`_context_archive` checks each file read too).
+    check_links(context.parent, "Harbor task")
     archive, digest = _context_archive(context)
     tag = f"clawgym/harbor-{_slug(context.parent.name)}:{digest}"
     config = tomllib.loads((context.parent / "task.toml").read_text())
@@ -368,9 +348,15 @@ def _context_archive(context: Path) -> tuple[io.BytesIO, str]:
     )
     digest = hashlib.sha256(pinned.encode())
     buffer = io.BytesIO()
+    root = context.parent.resolve()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for file in sorted(p for p in context.rglob("*") if p.is_file()):
             name = str(file.relative_to(context))
+            if not file.resolve().is_relative_to(root):  # a link made after the folder check
+                raise ValueError(
+                    f"Harbor task {context.parent}: environment/{name} leads out of the task "
+                    "folder; links must stay inside it"
+                )
             data = pinned.encode() if name == "Dockerfile" else file.read_bytes()
             digest.update(name.encode() + b"\0" + data)
             info = tarfile.TarInfo(name)
@@ -425,7 +411,8 @@ def _task_toml(meta: dict[str, Any], task: TerminalTask) -> str:
     lines = ['version = "1.0"', "", "[metadata]"]
     lines += [f"{key} = {json.dumps(str(value))}" for key, value in fields.items()]
     lines += ["", "[verifier]", f"timeout_sec = {task.test_timeout:.1f}", "", "[agent]"]
-    lines += [f"timeout_sec = {float(meta.get('max_agent_timeout_sec', 300)):.1f}", ""]
+    agent = seconds(meta.get("max_agent_timeout_sec", 300), "max_agent_timeout_sec")
+    lines += [f"timeout_sec = {agent:.1f}", ""]
     lines += ["[environment]", "build_timeout_sec = 600.0", "cpus = 1", "memory_mb = 1024"]
     return "\n".join(lines) + "\n"
 
@@ -460,16 +447,22 @@ def shipped_harbor(source: Path = SHIPPED) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The converter's command line; a task folder it refuses (a link that leaves it, a
+    timeout that is not finite and bounded) ends it with the reason and nothing written
+    for that task."""
     logging.basicConfig(level=logging.INFO)
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 1:
         raise SystemExit("usage: python -m envs.terminal.harbor [SOURCE_DIR TARGET_DIR]")
-    if args:
-        target = Path(args[1])
-        folders = convert_tbench(Path(args[0]), target)
-        logger.info("wrote %d Harbor task folders to %s", len(folders), target)
-    else:
-        logger.info("the shipped tasks as Harbor folders: %s", shipped_harbor())
+    try:
+        if args:
+            target = Path(args[1])
+            folders = convert_tbench(Path(args[0]), target)
+            logger.info("wrote %d Harbor task folders to %s", len(folders), target)
+        else:
+            logger.info("the shipped tasks as Harbor folders: %s", shipped_harbor())
+    except ValueError as error:
+        raise SystemExit(f"python -m envs.terminal.harbor: {error}") from None
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
   `max_test_timeout_sec`, `workdir`), a reference solution (`solution.sh`, or `solution.yaml`
   listing `{command: ...}` steps), `tests/` run by pytest (through `run-tests.sh` when the
   task has one), and optionally `setup.sh`, which stands in for the Dockerfile's build steps
-  (images are never pulled here) and runs in the sandbox before the agent starts.
+  (images are never pulled here) and runs in the sandbox before the agent starts. A task
+  folder is untrusted input, as a Harbor one is: a symbolic link in it may point only
+  inside it (`check_links`), and its timeouts must be finite numbers of seconds up to
+  `MAX_TIMEOUT_SEC` (`seconds`).
 - "harbor": the same tasks as Harbor task folders (terminal-bench 2.0's format), converted
   from the shipped ones on first use (`harbor.shipped_harbor`); "harbor:PATH" loads any
   folder of Harbor task folders (see `harbor.py`, which builds on this module).
@@ -23,6 +26,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +38,8 @@ import yaml
 SPLITS = ("train", "test", "all")
 _DOCKER_ENV = re.compile(r'^ENV (\w+)="?([^"\n]*)"?$', re.MULTILINE)
 SHIPPED = Path(__file__).resolve().parent / "tasks"
+MAX_TIMEOUT_SEC = 86_400.0
+"""The bound of every timeout a task folder sets (task.yaml's, task.toml's): a day."""
 # InterCode-ALFA's five file-system images: how many tasks each holds, in order.
 ICALFA_IMAGES = (153, 49, 57, 23, 18)
 # The directories InterCode-ALFA's setup scripts create (its images track every
@@ -108,7 +115,9 @@ def load_tbench(directory: str) -> tuple[TerminalTask, ...]:
 
 
 def load_tbench_task(path: Path) -> TerminalTask:
-    """One task directory in the terminal-bench format."""
+    """One task directory in the terminal-bench format; raises ValueError for a link that
+    leaves it or a timeout that is not finite and bounded (`check_links`, `seconds`)."""
+    check_links(path, "terminal-bench task")
     meta: dict[str, Any] = yaml.safe_load((path / "task.yaml").read_text()) or {}
     if not isinstance(meta.get("instruction"), str):
         raise ValueError(f"{path / 'task.yaml'} has no instruction")
@@ -123,7 +132,8 @@ def load_tbench_task(path: Path) -> TerminalTask:
     runner = path / "run-tests.sh"
     if runner.exists():
         tests += (("run-tests.sh", runner.read_text()),)
-    workdir = str(meta.get("workdir", "/app"))
+    workdir, where = str(meta.get("workdir", "/app")), f"{path / 'task.yaml'}:"
+    seconds(meta.get("max_agent_timeout_sec", 300), f"{where} max_agent_timeout_sec")
     return TerminalTask(
         task_id=f"tbench/{path.name}",
         kind="tbench",
@@ -136,9 +146,51 @@ def load_tbench_task(path: Path) -> TerminalTask:
         test_command="cd /tests && bash /tests/run-tests.sh"
         if runner.exists()
         else DEFAULT_TEST_COMMAND,
-        test_timeout=float(meta.get("max_test_timeout_sec", 120)),
-        command_timeout=float(meta.get("max_command_timeout_sec", 30)),
+        test_timeout=seconds(
+            meta.get("max_test_timeout_sec", 120), f"{where} max_test_timeout_sec"
+        ),
+        command_timeout=seconds(
+            meta.get("max_command_timeout_sec", 30), f"{where} max_command_timeout_sec"
+        ),
     )
+
+
+def check_links(path: Path, what: str) -> None:
+    """Raises ValueError when the task folder `path` (`what`: its format, for the message)
+    is a symbolic link or holds one whose target, followed through every link of a chain,
+    is outside the folder."""
+    if path.is_symlink():
+        raise ValueError(f"{what} {path} is a symbolic link; a task folder must be a folder")
+    root = path.resolve()
+    for folder, directories, files in os.walk(path):  # never descends into linked folders
+        for name in directories + files:
+            entry = Path(folder, name)
+            if entry.is_symlink() and not _inside(entry, root):
+                raise ValueError(
+                    f"{what} {path}: {entry.relative_to(path)} is a symbolic link to "
+                    f"{os.readlink(entry)}, which leaves the task folder (or loops); links "
+                    "must stay inside it"
+                )
+
+
+def _inside(link: Path, root: Path) -> bool:
+    """Whether `link`, followed through every link of its chain, ends inside `root`."""
+    try:
+        return link.resolve().is_relative_to(root)
+    except (RuntimeError, OSError):  # a loop of links
+        return False
+
+
+def seconds(value: Any, where: str) -> float:
+    """A timeout read from a task folder: a finite number of seconds in (0, MAX_TIMEOUT_SEC],
+    else a ValueError naming `where` (the file and field), the value and the bound."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SEC:
+        raise ValueError(
+            f"{where} must be a positive number of seconds, finite and at most "
+            f"{MAX_TIMEOUT_SEC:g}; got {value!r}"
+        )
+    return float(value)
 
 
 def _solution(path: Path) -> str:

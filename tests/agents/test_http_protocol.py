@@ -9,7 +9,8 @@ import asyncio
 import socket
 from typing import Any
 
-from agents.serving.http_protocol import CoalescingTransport
+from agents.serving.http_protocol import CoalescingHttpProtocol, CoalescingTransport, http_protocol
+from envs.connections import TimedHttpProtocol
 
 
 async def _transport_pair() -> tuple[asyncio.Transport, socket.socket, list[bytes]]:
@@ -92,3 +93,9 @@ def test_nothing_is_written_once_the_connection_is_closing():
         peer.close()
 
     asyncio.run(run())
+
+
+def test_the_proxys_protocol_is_the_timed_one_with_writes_coalesced():
+    proxy = http_protocol(3.0, 4.0)
+    assert issubclass(proxy, CoalescingHttpProtocol) and issubclass(proxy, TimedHttpProtocol)
+    assert (proxy.idle_timeout_s, proxy.request_timeout_s) == (3.0, 4.0)

@@ -16,7 +16,9 @@ from hydra import initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from agents.api_keys import user_of_key
 from agents.compose import proxy_config
+from agents.config import validate_serve
 from agents.engines.vllm_server import free_port
 from agents.serve import ServeRunConfig, serve
 from agents.store import Store
@@ -47,6 +49,7 @@ def test_overrides_compose_the_shared_groups_into_a_typed_config():
     "overrides, error",
     [
         (["serve.host=0.0.0.0"], "api_key"),
+        (["serve.api_keys=[k1,k2,k3]", "serve.api_keys_file=/no/such"], "cannot read"),
         (["serve.turn_type=both"], "turn_type"),
         (["serve.session_idle_s=0"], "session_idle_s"),
         (["serve.port=0"], "name a port"),
@@ -65,6 +68,22 @@ def test_a_key_from_the_environment_allows_binding_beyond_loopback(monkeypatch):
     monkeypatch.setenv("CLAWGYM_API_KEY", "k")
     section = compose("serve.host=0.0.0.0").serve
     assert proxy_config(section, "tiny").api_key == "k"
+
+
+def test_users_keys_allow_binding_beyond_loopback_and_reach_the_proxy(monkeypatch, tmp_path):
+    monkeypatch.delenv("CLAWGYM_API_KEY", raising=False)
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# rotated\nalice tml-a2\n")
+    overrides = [
+        "serve.host=0.0.0.0",
+        "serve.api_keys=[tml-solo]",
+        f"serve.api_keys_file={keys_file}",
+    ]
+    section = compose(*overrides).serve
+    validate_serve(section)
+    config = proxy_config(section, "tiny")
+    assert config.api_key is None
+    assert config.user_keys == {"tml-solo": user_of_key("tml-solo"), "tml-a2": "alice"}
 
 
 def test_an_unknown_setting_is_refused_by_the_schema():

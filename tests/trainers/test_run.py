@@ -290,6 +290,8 @@ def test_a_run_whose_groups_all_score_the_same_stops_saying_so(tmp_path):
         (lambda c: setattr(c.trainer, "max_backlog", 4), "max_backlog"),
         (lambda c: setattr(c.env["chat"], "users", "robots"), "env.chat.users"),
         (lambda c: setattr(c.serve, "host", "0.0.0.0"), "serve.api_key"),
+        (lambda c: setattr(c.serve, "api_keys", ["alice k1"]), "rollouts reach the proxy"),
+        (lambda c: setattr(c.serve, "api_keys", ["local k1"]), "serve.api_keys: a user"),
         (lambda c: setattr(c.engine, "backend", "remote"), "engine.base_url"),
         (
             lambda c: (

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainers.tinker.errors import UserError
-from trainers.tinker.service import _check_datum, _check_loss_config, tinker_loss
+from trainers.tinker.losses import check_datum, check_loss_config, tinker_loss
 from trainers.tinker.wire import Datum
 
 LOGPROBS = torch.tensor([math.log(0.5), math.log(0.25)])
@@ -60,14 +60,14 @@ def test_dro_is_the_advantage_weighted_logprob_less_a_quadratic_penalty():
 
 
 def test_loss_config_takes_only_the_loss_own_numbers():
-    _check_loss_config("ppo", {"clip_low_threshold": 0.5})
-    _check_loss_config("importance_sampling", None)
+    check_loss_config("ppo", {"clip_low_threshold": 0.5})
+    check_loss_config("importance_sampling", None)
     with pytest.raises(UserError, match="takes no loss_fn_config 'clip_hi'"):
-        _check_loss_config("cispo", {"clip_hi": 2.0})
+        check_loss_config("cispo", {"clip_hi": 2.0})
     with pytest.raises(UserError, match="must be a number"):
-        _check_loss_config("dro", {"beta": "0.1"})
+        check_loss_config("dro", {"beta": "0.1"})
     with pytest.raises(UserError, match="importance_sampling takes no"):
-        _check_loss_config("importance_sampling", {"beta": 0.1})
+        check_loss_config("importance_sampling", {"beta": 0.1})
 
 
 def test_summed_losses_of_two_chunks_give_one_batch_gradient():
@@ -85,10 +85,10 @@ def test_summed_losses_of_two_chunks_give_one_batch_gradient():
 def test_datum_checks_name_the_problem():
     targets = np.array([2, 3], dtype=np.int64)
     with pytest.raises(UserError, match="needs loss_fn_inputs"):
-        _check_datum(Datum((1, 2), {"target_tokens": targets}), 0, "ppo", 100)
+        check_datum(Datum((1, 2), {"target_tokens": targets}), 0, "ppo", 100)
     with pytest.raises(UserError, match="outside the vocabulary"):
-        _check_datum(Datum((1, 200), {"target_tokens": targets}), 0, "cross_entropy", 100)
+        check_datum(Datum((1, 200), {"target_tokens": targets}), 0, "cross_entropy", 100)
     with pytest.raises(UserError, match="shape"):
-        _check_datum(Datum((1, 2, 3), {"target_tokens": targets}), 0, "cross_entropy", 100)
-    tokens, inputs = _check_datum(Datum((1, 2), {"target_tokens": targets}), 0, "cross_entropy", 9)
+        check_datum(Datum((1, 2, 3), {"target_tokens": targets}), 0, "cross_entropy", 100)
+    tokens, inputs = check_datum(Datum((1, 2), {"target_tokens": targets}), 0, "cross_entropy", 9)
     assert tokens.tolist() == [1, 2] and inputs["target_tokens"].dtype == torch.long

@@ -154,3 +154,23 @@ def test_a_restarted_server_keeps_each_keys_runs_its_own(clients, server, tmp_pa
         assert mine.get_training_run(trainer.model_id).result().last_checkpoint.tinker_path == saved
         with pytest.raises(tinker.NotFoundError):
             theirs.get_training_run(trainer.model_id).result()
+
+
+def test_keys_that_name_one_user_share_that_users_runs(tmp_path, monkeypatch):
+    """`USER KEY` entries (`agents.api_keys`): a user's runs are theirs with any of their keys
+    (a key being rotated), and a run records the user, never a key."""
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    keys = ["alice tml-alice-old", "alice tml-alice-new", BOB]
+    with (
+        in_thread(TinkerService("tiny", tmp_path), api_key=keys) as url,
+        tinker.ServiceClient(base_url=url, api_key="tml-alice-old") as old,
+    ):
+        trainer = old.create_lora_training_client(base_model="tiny", rank=4).result()
+        saved = trainer.save_state("rotated").result().path
+        new = tinker.RestClient(base_url=url, api_key="tml-alice-new")
+        run = new.get_training_run(trainer.model_id).result()
+        assert run.model_owner == "alice" and run.last_checkpoint.tinker_path == saved
+        with pytest.raises(tinker.NotFoundError):
+            tinker.RestClient(base_url=url, api_key=BOB).get_training_run(trainer.model_id).result()
+    records = "".join(p.read_text() for p in tmp_path.glob("*/run.json"))
+    assert '"owner": "alice"' in records and "tml-alice" not in records

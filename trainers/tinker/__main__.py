@@ -11,9 +11,9 @@ into vLLM as a LoRA adapter, so `engine.max_lora_rank` must cover the clients' r
 
 Loopback by default; on any other host API keys are required: one (`tinker.api_key=` or
 $CLAWGYM_TINKER_API_KEY) or several (`tinker.api_keys=[...]`, `tinker.api_keys_file=`, one
-a line), each its own owner, which clients send as TINKER_API_KEY (the SDK wants a `tml-`
-prefix). Without keys every client is one owner. `tinker.limits.*` (`TinkerLimits`) bounds
-what clients may ask for. Clients point at it with TINKER_BASE_URL=http://127.0.0.1:8020.
+a line, `KEY` or `USER KEY`), each naming its owner, which clients send as TINKER_API_KEY
+(the SDK wants a `tml-` prefix). Without keys every client is one owner. `tinker.limits.*`
+(`TinkerLimits`) bounds what clients may ask for. Clients point at it with TINKER_BASE_URL=http://127.0.0.1:8020.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from agents.api_keys import read_keys
 from agents.config import EngineConfig, ModelConfig, is_loopback
 from trainers.config import validate_placement
 from trainers.tinker.limits import TinkerLimits
@@ -46,10 +47,10 @@ class TinkerSection:
     api_key: str | None = None
     """A key clients may send (None: $CLAWGYM_TINKER_API_KEY, else none on loopback)."""
     api_keys: list[str] = field(default_factory=list)
-    """More keys, each its own owner: a client sees only the runs, checkpoints, samplers
-    and futures its key made."""
+    """More keys, `KEY` or `USER KEY` each (`agents.api_keys`): a client sees only the runs,
+    checkpoints, samplers and futures its user made."""
     api_keys_file: str | None = None
-    """A file of keys, one a line (blank lines and lines starting with # skipped)."""
+    """A file of such entries, one a line (blank lines and lines starting with # skipped)."""
     limits: TinkerLimits = field(default_factory=TinkerLimits)
     """Sizes, counts and timeouts per owner and per request (`TinkerLimits`)."""
     device: str = "auto"
@@ -71,27 +72,28 @@ class TinkerServeConfig:
 
 
 def checked_section(section: TinkerSection) -> TinkerSection:
-    """The section with the key from the environment where none is set and every key in
-    `api_keys` (the file's too).
+    """The section with the key from the environment where none is set.
 
     Raises:
-        ValueError: a host beyond loopback without a key, an empty key, or an unknown
-            device or dtype.
+        ValueError: a host beyond loopback without a key, a malformed key entry
+            (`agents.api_keys`), or an unknown device or dtype.
     """
     validate_placement("tinker", section.device, section.dtype)
     key = section.api_key or os.environ.get("CLAWGYM_TINKER_API_KEY")
-    keys = [*([key] if key else []), *section.api_keys]
-    if section.api_keys_file is not None:
-        lines = Path(section.api_keys_file).read_text().splitlines()
-        keys += [k.strip() for k in lines if k.strip() and not k.startswith("#")]
-    if not all(k.strip() for k in keys):
-        raise ValueError("tinker.api_keys holds an empty key")
-    if not keys and not is_loopback(section.host):
+    section = dataclasses.replace(section, api_key=key)
+    if not section_users(section) and not is_loopback(section.host):
         raise ValueError(
             f"tinker.host={section.host} is not loopback: set tinker.api_key, tinker.api_keys "
             "or $CLAWGYM_TINKER_API_KEY"
         )
-    return dataclasses.replace(section, api_key=key, api_keys=list(dict.fromkeys(keys)))
+    return section
+
+
+def section_users(section: TinkerSection) -> dict[str, str]:
+    """Every key of the section (`api_key`, `api_keys`, the file's) and the user (owner) it
+    names (`agents.api_keys.read_keys`)."""
+    entries = [*([section.api_key] if section.api_key else []), *section.api_keys]
+    return read_keys(entries, section.api_keys_file, "tinker.api_keys")
 
 
 def serve(config: TinkerServeConfig) -> None:
@@ -125,7 +127,7 @@ def serve(config: TinkerServeConfig) -> None:
     )
     try:
         uvicorn.run(
-            build_app(service, section.api_keys),
+            build_app(service, section_users(section)),
             host=section.host,
             port=section.port,
             log_level="warning",

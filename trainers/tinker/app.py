@@ -14,14 +14,15 @@ SDK accepts no JSON for those two); the rest is JSON.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from agents.api_keys import read_keys
 from trainers.tinker import checkpoints, fields
-from trainers.tinker.errors import NotFound, TooLarge, TooMany, UserError
+from trainers.tinker.errors import NotFound, QuotaExceeded, TooLarge, TooMany, UserError
 from trainers.tinker.futures import POLL_SECONDS, Futures
 from trainers.tinker.gate import OWNER, Gate
 from trainers.tinker.service import TinkerService
@@ -29,16 +30,21 @@ from trainers.tinker.wire import decode_forward_backward, encode_forward_backwar
 
 __all__ = ["POLL_SECONDS", "build_app", "in_thread"]
 
+Keys = str | Sequence[str] | Mapping[str, str] | None
+"""API keys: one entry (`KEY` or `USER KEY`), several, or each key with its user."""
 
-def build_app(service: TinkerService, api_key: str | Sequence[str] | None = None) -> FastAPI:
-    """The app; with keys (`api_key`: one, or several, one owner each), every request must
-    carry one of them as X-API-Key, and sees only what its key made."""
-    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+
+def build_app(service: TinkerService, api_key: Keys = None) -> FastAPI:
+    """The app; with keys (`api_key`: one entry, several, or keys and the users they name;
+    `agents.api_keys`), every request must carry one of them as X-API-Key, and sees only
+    what its key's user made."""
     app = FastAPI(title="clawgym tinker")
     futures = Futures(service.limits.max_queued)
     app.state.futures = futures
-    app.add_middleware(Gate, keys=keys, max_body_bytes=service.limits.max_body_bytes)
+    users = _users(api_key)
+    app.add_middleware(Gate, users=users, max_body_bytes=service.limits.max_body_bytes)
     statuses: dict[type[Exception], int] = {NotFound: 404, TooMany: 429, TooLarge: 413}
+    statuses[QuotaExceeded] = 403
     statuses[UserError] = 400  # refused before a future exists: the SDK's BadRequestError
     for error_type, status in statuses.items():
         app.add_exception_handler(error_type, partial(_refuse, status))
@@ -53,7 +59,7 @@ def build_app(service: TinkerService, api_key: str | Sequence[str] | None = None
 @contextlib.contextmanager
 def in_thread(
     service: TinkerService,
-    api_key: str | Sequence[str] | None = None,
+    api_key: Keys = None,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> Iterator[str]:
@@ -78,6 +84,13 @@ def uvicorn_options(service: TinkerService) -> dict:
     limits = service.limits
     protocol = http_protocol(limits.idle_timeout_s, limits.request_timeout_s)
     return {"http": protocol, "access_log": False, "proxy_headers": False}
+
+
+def _users(api_key: Keys) -> dict[str, str]:
+    """Each key and the user it names."""
+    if isinstance(api_key, Mapping):
+        return dict(api_key)
+    return read_keys([api_key] if isinstance(api_key, str) else api_key or ())
 
 
 async def _refuse(status: int, request: Request, error: Exception) -> Response:
@@ -163,6 +176,7 @@ def _training_routes(app: FastAPI, service: TinkerService, futures: Futures) -> 
         owner, body = _owner(request), await fields.json_body(request)
         model_id = service.check_owner(owner, body.get("model_id"))
         name = checkpoints.check_name(body.get("path"))
+        service.check_room(owner, model_id, "weights", name)
 
         def run() -> dict:
             return {"type": "save_weights", "path": service.save(model_id, "weights", name)}
@@ -248,6 +262,8 @@ def _sampling_routes(app: FastAPI, service: TinkerService, futures: Futures) -> 
         # without a name the SDK wants a sampling session on a snapshot of the weights now
         name = body.get("path")
         name = None if name is None else checkpoints.check_name(name)
+        if name is not None:
+            service.check_room(owner, model_id, "sampler_weights", name)
 
         def run() -> dict:
             if name is not None:

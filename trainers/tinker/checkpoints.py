@@ -18,17 +18,19 @@ import json
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from agents.api_keys import KEYLESS_USER
 from trainers.learner import Learner
 from trainers.tinker.errors import NotFound, UserError
 
 KINDS = ("weights", "sampler_weights")
-LOCAL = "local"
+LOCAL = KEYLESS_USER
 """The owner of every run on a server without keys (and of runs recorded before owners)."""
 MODEL_ID = re.compile(r"[A-Za-z0-9-]{1,80}:train:[0-9]{1,9}")
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
@@ -89,22 +91,40 @@ def directory(run_dir: Path, path: str, owner: str | None = None) -> Path:
     return found
 
 
-def save_state(learner: Learner, kind: str, name: str | None) -> Path:
+def save_state(
+    learner: Learner,
+    kind: str,
+    name: str | None,
+    admit: Callable[[Path, int], None] | None = None,
+) -> Path:
     """Writes the adapter (and, for `weights`, the optimiser state) under the learner's
     run directory, through a staging folder; returns the directory. Without a name: a
-    snapshot in the ephemeral folder, which the caller removes when done with it."""
+    snapshot in the ephemeral folder, which the caller removes when done with it.
+    `admit(target, size)` may refuse the staged checkpoint by raising (`quota`): the
+    staging folder is removed and nothing else changes."""
     staging = learner.run_dir / STAGING / secrets.token_hex(8)
-    learner.model.save_pretrained(staging)
-    if kind == "weights":
-        torch.save(learner.optimizer.state_dict(), staging / "optimizer.pt")
     if name is None:
         target = learner.run_dir / EPHEMERAL / secrets.token_hex(8)
     else:
         target = learner.run_dir / kind / check_name(name)
+    try:
+        learner.model.save_pretrained(staging)
+        if kind == "weights":
+            torch.save(learner.optimizer.state_dict(), staging / "optimizer.pt")
+        if admit is not None:
+            admit(target, folder_bytes(staging))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files in a checkpoint's folder."""
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
 
 
 def adapter_shape(found: Path) -> tuple[int, frozenset[str]]:
@@ -212,7 +232,7 @@ def checkpoint_list(run_dir: Path, model_id: str, owner: str | None = None) -> l
                     "checkpoint_type": checkpoint_type,
                     "time": _stamp(folder),
                     "tinker_path": tinker_path(model_id, kind, folder.name),
-                    "size_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+                    "size_bytes": folder_bytes(folder),
                 }
             )
     return sorted(listed, key=lambda c: c["time"])

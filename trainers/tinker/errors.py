@@ -18,5 +18,11 @@ class TooMany(UserError):
     the SDK retries after a while."""
 
 
+class QuotaExceeded(UserError):
+    """A save past its owner's checkpoint quota (count or bytes): HTTP 403 (the SDK's
+    PermissionDeniedError, which it does not retry: waiting frees nothing), or a `user`
+    future error where the checkpoint's real size passes it."""
+
+
 class TooLarge(UserError):
     """A request body past `max_body_bytes`: HTTP 413."""

@@ -3,36 +3,32 @@ one owner per key) and how much it may send (`max_body_bytes`, refused while the
 read: a declared Content-Length over it at once, otherwise when the bytes received pass it).
 
 With no key configured every caller is the one owner `local` (the server then listens on
-loopback only); with keys, a request without one of them answers 401. A key's owner name is
-a hash of the key, so run records on disk never hold a key.
+loopback only); with keys, a request without one of them answers 401. A key's owner is the
+user it names (`agents.api_keys`: a name given with the key, else a hash of the key), so run
+records on disk never hold a key and a user's runs are theirs whichever of their keys asks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
-from trainers.tinker.checkpoints import LOCAL
+from agents.api_keys import KEYLESS_USER
 from trainers.tinker.errors import TooLarge
 
 OWNER = "tinker.owner"
 """The scope's state entry naming the request's owner."""
 
 
-def owner_of_key(key: str) -> str:
-    """The owner name of an API key (stable across restarts and key order)."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 class Gate:
     """ASGI middleware: 401 without a configured key, 413 past the body limit; puts the
     caller's owner in the request's state (`request.state` as `OWNER`)."""
 
-    def __init__(self, app: Any, keys: Iterable[str], max_body_bytes: int):
+    def __init__(self, app: Any, users: Mapping[str, str], max_body_bytes: int):
         self.app, self.max_body_bytes = app, max_body_bytes
-        self._owners = {hashlib.sha256(k.encode()).digest(): owner_of_key(k) for k in keys}
+        self._owners = {hashlib.sha256(k.encode()).digest(): user for k, user in users.items()}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -56,7 +52,7 @@ class Gate:
     def _owner(self, supplied: bytes) -> str | None:
         """The supplied key's owner; the raw header bytes are hashed, so any byte is fine."""
         if not self._owners:
-            return LOCAL
+            return KEYLESS_USER
         return self._owners.get(hashlib.sha256(supplied).digest())
 
     def _counted(self, receive: Any) -> Any:

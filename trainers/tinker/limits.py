@@ -30,6 +30,12 @@ class TinkerLimits:
     (its later use answers 404)."""
     max_queued: int = 64
     """Futures per owner waiting for the worker (429 above it; the SDK retries)."""
+    max_checkpoints: int = 1000
+    """Named checkpoints (`weights/NAME`, `sampler_weights/NAME`) per owner, over all their
+    runs (403 past it; deleting one frees its place)."""
+    max_checkpoint_bytes: int = 20 << 30
+    """Bytes of an owner's named checkpoints (20 GiB; 403, or a failed save once its real
+    size is known, past it)."""
     max_sampler_copies: int = 4
     """Checkpoints kept loaded for sampling (server-wide, least recently used dropped)."""
     idle_timeout_s: float = 30.0

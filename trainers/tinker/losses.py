@@ -58,7 +58,7 @@ def tinker_loss(
     return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
-def _micro_batches(rows: list[_Checked], budget: int) -> list[list[_Checked]]:
+def micro_batches(rows: list[_Checked], budget: int) -> list[list[_Checked]]:
     """Consecutive groups whose padded size (rows x longest) stays within the budget."""
     batches: list[list[_Checked]] = [[]]
     for row in rows:
@@ -69,7 +69,7 @@ def _micro_batches(rows: list[_Checked], budget: int) -> list[list[_Checked]]:
     return batches if batches[-1] else []
 
 
-def _vocab(model: Any) -> int:
+def vocab_size(model: Any) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
@@ -81,7 +81,7 @@ _LOSS_CONFIG = {"ppo": ("clip_low_threshold", "clip_high_threshold"), "dro": ("b
 _LOSS_CONFIG["cispo"] = _LOSS_CONFIG["ppo"]
 
 
-def _check_loss_config(loss_fn: str, config: dict | None) -> None:
+def check_loss_config(loss_fn: str, config: dict | None) -> None:
     """Only the loss's own settings, each a number: a typo must not train on a default."""
     allowed = _LOSS_CONFIG.get(loss_fn, ())
     for name, value in (config or {}).items():
@@ -94,7 +94,7 @@ def _check_loss_config(loss_fn: str, config: dict | None) -> None:
             raise UserError(f"loss_fn_config {name!r} must be a number, got {value!r}")
 
 
-def _check_datum(datum: Datum, index: int, loss_fn: str, vocab: int) -> _Checked:
+def check_datum(datum: Datum, index: int, loss_fn: str, vocab: int) -> _Checked:
     """The datum's tokens and loss inputs as tensors, after checking names and shapes."""
     length = len(datum.tokens)
     if length == 0:

@@ -28,7 +28,7 @@ import torch
 from agents import models
 from trainers.config import TrainerConfig
 from trainers.learner import Learner
-from trainers.tinker import checkpoints
+from trainers.tinker import checkpoints, quota
 from trainers.tinker.checkpoints import LOCAL
 from trainers.tinker.errors import NotFound, TooMany, UserError
 from trainers.tinker.limits import TinkerLimits
@@ -36,17 +36,17 @@ from trainers.tinker.losses import (
     ATTENTION,
     LOSSES,
     MLP,
-    _check_datum,
-    _check_loss_config,
-    _micro_batches,
-    _vocab,
+    check_datum,
+    check_loss_config,
+    micro_batches,
     tinker_loss,
+    vocab_size,
 )
 from trainers.tinker.samplers import Sampler, TorchSampler
 from trainers.tinker.sampling import SamplingParams, batch_target_logprobs
 from trainers.tinker.wire import Datum, Sampled
 
-__all__ = ["SamplingParams", "TinkerService", "_check_datum", "_check_loss_config", "tinker_loss"]
+__all__ = ["TinkerService"]
 
 logger = logging.getLogger(__name__)
 
@@ -246,14 +246,14 @@ class TinkerService:
         learner = self.learner(model_id)
         if loss_fn not in LOSSES:
             raise UserError(f"unknown loss_fn {loss_fn!r}; this server serves {LOSSES}")
-        _check_loss_config(loss_fn, config)
+        check_loss_config(loss_fn, config)
         self.check_data(data)
-        vocab = _vocab(learner.model)
-        checked = [_check_datum(d, i, loss_fn, vocab) for i, d in enumerate(data)]
+        vocab = vocab_size(learner.model)
+        checked = [check_datum(d, i, loss_fn, vocab) for i, d in enumerate(data)]
         outputs, total = [], 0.0
         on = learner.device
         with torch.set_grad_enabled(not forward_only):
-            for batch in _micro_batches(checked, learner.config.micro_batch_tokens):
+            for batch in micro_batches(checked, learner.config.micro_batch_tokens):
                 tokens = [t.to(on) for t, _ in batch]
                 inputs = [{n: v.to(on) for n, v in i.items()} for _, i in batch]
                 rows = batch_target_logprobs(
@@ -292,10 +292,20 @@ class TinkerService:
         learner.version += 1
         return {"grad_norm:mean": float(norm)}
 
+    def check_room(self, owner: str, model_id: str, kind: str, name: str) -> None:
+        """Raises QuotaExceeded where `owner` may save no more checkpoints (`quota`)."""
+        target = self.run_dir / checkpoints.model_slug(model_id) / kind / name
+        quota.check_room(self.run_dir, owner, self.limits, target)
+
     def save(self, model_id: str, kind: str, name: str) -> str:
-        """save_state (`weights`) or save_weights_for_sampler (`sampler_weights`); returns the
-        checkpoint's tinker:// path."""
-        directory = checkpoints.save_state(self.learner(model_id), kind, name)
+        """save_state (`weights`) or save_weights_for_sampler (`sampler_weights`), within
+        the owner's checkpoint quota; returns the checkpoint's tinker:// path."""
+        learner, owner = self.learner(model_id), self.owners[model_id]
+
+        def admit(target: Path, size: int) -> None:
+            quota.check_room(self.run_dir, owner, self.limits, target, size)
+
+        directory = checkpoints.save_state(learner, kind, name, admit)
         self.sampler.forget(directory)
         return checkpoints.tinker_path(model_id, kind, name)
 

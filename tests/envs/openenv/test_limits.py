@@ -134,3 +134,33 @@ def test_idle_and_slow_connections_are_closed(serve):
     assert player.step(ChatAction(message="no answer")).observation.messages is not None
     player.disconnect()
     assert httpx.get(served.base_url + "/health").status_code == 200
+
+
+def test_a_quiet_websocket_is_closed_and_frees_its_session(serve):
+    """A WebSocket held open by a live peer (it answers uvicorn's pings) that sends no
+    message for `websocket_idle_s` is closed with code 1001, its session and env go, and
+    its slot is free; a client that keeps talking is never closed."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    limits = ServerLimits(max_sessions_per_client=3, websocket_idle_s=0.6)
+    served = serve("clawgym/Arith-v0", limits=limits)
+    quiet = plays(served.base_url)
+    talker = plays(served.base_url)
+    raw = connect(served.base_url.replace("http", "ws") + "/ws")
+    deadline = time.monotonic() + 10
+    while served.sessions.active_sessions > 1:
+        assert time.monotonic() < deadline, "the quiet sessions were never closed"
+        assert talker.step(ChatAction(message="no answer")).observation.messages is not None
+        time.sleep(0.2)
+    with pytest.raises(ConnectionClosed) as closed:
+        raw.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+    assert "websocket_idle_s" in closed.value.rcvd.reason
+    with pytest.raises(ConnectionClosed, match="1001 .*websocket_idle_s"):  # OpenEnv's client
+        quiet.step(ChatAction(message="no answer"))
+    again = plays(served.base_url)  # the quiet ones' slots are free
+    assert again.step(ChatAction(message="no answer")).observation.messages is not None
+    for client in (again, talker):
+        client.disconnect()
+    assert httpx.get(served.base_url + "/health").status_code == 200

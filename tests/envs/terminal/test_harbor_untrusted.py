@@ -1,14 +1,21 @@
 """Harbor task folders are untrusted input (issue 41, item 5): a symbolic link that leaves the
 task folder, directly, to a directory or through a chain, and a timeout of task.toml that is
 infinite, not a number, negative or huge are each refused with an error naming the problem;
-links that stay inside the folder and a good task still load."""
+links that stay inside the folder and a good task still load. Terminal-bench task folders
+and the converter from them get the same checks, and a Harbor folder is checked again right
+before its Docker build context is made."""
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from envs.terminal.env import load_task_set
-from envs.terminal.harbor import MAX_TIMEOUT_SEC, load_harbor_task
+from envs.terminal.harbor import _context_archive, build_image, load_harbor_task
+from envs.terminal.tasks import MAX_TIMEOUT_SEC, SHIPPED, load_tbench_task
 from tests.envs.terminal.test_harbor import harbor_folder
 
 
@@ -95,3 +102,53 @@ def test_timeouts_within_the_bounds_load(tmp_path):
     )
     loaded = load_harbor_task(task)
     assert (loaded.command_timeout, loaded.test_timeout) == (0.5, 86400.0)
+
+
+def tbench_folder(root: Path, name: str = "count-lines") -> Path:
+    """A copy of a shipped terminal-bench task folder under `root`."""
+    return Path(shutil.copytree(SHIPPED / name, root / name))
+
+
+def test_a_terminal_bench_folder_gets_the_same_checks(tmp_path, secret):
+    task = tbench_folder(tmp_path / "set")
+    assert load_tbench_task(task).task_id == "tbench/count-lines"  # a good one loads
+    os.symlink(secret / "secret.txt", task / "tests" / "fixture.txt")
+    with pytest.raises(ValueError, match=r"terminal-bench task .*tests/fixture.txt is a symbolic"):
+        load_tbench_task(task)
+    with pytest.raises(ValueError, match="leaves the task folder"):
+        load_task_set(str(tmp_path / "set"), "all")
+    (task / "tests" / "fixture.txt").unlink()
+    meta = (task / "task.yaml").read_text()
+    for field, value in (("max_test_timeout_sec", ".inf"), ("max_agent_timeout_sec", ".nan")):
+        (task / "task.yaml").write_text(f"{meta}\n{field}: {value}\n")
+        with pytest.raises(ValueError, match=rf"{field} must be .*at most"):
+            load_tbench_task(task)
+
+
+def test_the_converter_refuses_a_folder_with_a_link_that_leaves_it(tmp_path, secret):
+    """`python -m envs.terminal.harbor SOURCE TARGET`, run as a user runs it: it ends with the
+    reason, and the secret is nowhere in what it wrote."""
+    source, target = tmp_path / "tbench", tmp_path / "harbor"
+    task = tbench_folder(source)
+    os.symlink(secret / "keys", task / "tests" / "keys")
+    command = [sys.executable, "-m", "envs.terminal.harbor", str(source), str(target)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "tests/keys is a symbolic link" in done.stderr and "Traceback" not in done.stderr
+    assert not (target / "count-lines").exists()
+    (task / "tests" / "keys").unlink()
+    assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+    assert (target / "count-lines" / "task.toml").is_file()
+
+
+def test_a_link_made_after_loading_is_refused_before_the_build(tmp_path, secret):
+    """The folder is checked again right before its build context is made (no Docker
+    daemon is reached: the refusal comes first), and each file read into the context is
+    checked as it is read."""
+    task = load_harbor_task(harbor_folder(tmp_path / "set"))
+    context = tmp_path / "set" / "hello" / "environment"
+    os.symlink(secret / "secret.txt", context / "later.txt")
+    with pytest.raises(ValueError, match="environment/later.txt is a symbolic link"):
+        build_image(task.environment)
+    with pytest.raises(ValueError, match="environment/later.txt leads out of the task folder"):
+        _context_archive(context)
