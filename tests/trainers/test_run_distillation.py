@@ -3,9 +3,11 @@ distillation (`method=oel`), on chat with the tiny model (engine=embedded)."""
 
 import pytest
 
+from agents.config import EnvConfig
 from agents.store import Store
 from agents.trajectory import TurnStatus, TurnType
 from tests.trainers.test_run import train
+from trainers.config import RunConfig, validate
 
 SEVERAL_HINTS = "judge.kind=tests.trainers.several_hints:SeveralHints"
 
@@ -71,3 +73,27 @@ def test_oel_trains_two_steps_on_chat_from_each_sessions_notes(tmp_path):
 def test_oel_trains_two_steps_on_chat_with_vllm_serving(tmp_path):
     summary = oel_run(tmp_path / "oel", "engine=vllm", "engine.max_lora_rank=8")
     assert summary["engine"] == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda c: setattr(c.judge, "hint_selection", "random"), "judge.hint_selection='random'"),
+        (lambda c: setattr(c.judge, "overlap_k", 0), "judge.overlap_k must be >= 1"),
+        (lambda c: setattr(c.method, "teacher_k", 0), "method.teacher_k"),
+        (
+            lambda c: (
+                setattr(c.method, "name", "oel"),
+                setattr(c.backend, "kind", "tinker"),
+                setattr(c.backend, "api_key", "tml-x"),
+            ),
+            "method=oel takes the teacher's log-probs from the local learner",
+        ),
+    ],
+)
+def test_bad_distillation_values_say_the_fix(change, fragment):
+    config = RunConfig(env={"chat": EnvConfig(id="clawgym/Chat-v0")})
+    validate(config)
+    change(config)
+    with pytest.raises(ValueError, match=fragment):
+        validate(config)
