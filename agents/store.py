@@ -22,6 +22,7 @@ from agents.store_migrations import FIRST_VERSION, migrate
 from agents.store_rows import (
     export_features,
     export_row,
+    hint_choice_values,
     pack_logprobs,
     session_from_row,
     to_json,
@@ -194,6 +195,17 @@ class Store:
         if not found:
             raise KeyError(f"no session {session_id!r} in {self.path}")
 
+    def update_session_metadata(self, session_id: str, changes: Mapping[str, Any]) -> None:
+        """Merges `changes` into a session's metadata (JSON merge-patch: a None value
+        removes its key)."""
+        with self._write() as db:
+            found = db.execute(
+                "UPDATE sessions SET metadata=json_patch(metadata, ?) WHERE session_id=?",
+                (json.dumps(dict(changes)), session_id),
+            ).rowcount
+        if not found:
+            raise KeyError(f"no session {session_id!r} in {self.path}")
+
     def session_status(self, session_id: str) -> SessionStatus:
         """A session's status, without reading its turns."""
         row = (
@@ -252,8 +264,8 @@ class Store:
             "completion_token_ids, completion_logprobs, completion, policy_version, tools, "
             "next_state, "
             "env_reward, votes, score, hint, teacher_logprobs, status, created_at, "
-            "completion_top_ids, completion_top_logprobs) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "completion_top_ids, completion_top_logprobs, hint_candidates, hint_overlaps) "
+            f"VALUES ({', '.join('?' * 22)})",
             turn_values(turn),
         )
         return int(cursor.lastrowid or 0)
@@ -297,13 +309,15 @@ class Store:
         self._update_turn(
             session_id,
             index,
-            "votes=?, score=?, hint=?, teacher_logprobs=?, status=?",
+            "votes=?, score=?, hint=?, teacher_logprobs=?, status=?, hint_candidates=?, "
+            "hint_overlaps=?",
             (
                 to_json(list(judgement.votes)),
                 judgement.score,
                 judgement.hint,
                 pack_logprobs(judgement.teacher_logprobs),
                 str(TurnStatus.JUDGED),
+                *hint_choice_values(judgement),
             ),
         )
 

@@ -23,6 +23,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE turns ADD COLUMN completion_top_ids BLOB",
         "ALTER TABLE turns ADD COLUMN completion_top_logprobs BLOB",
     ),
+    # The judge's hint candidates of each turn and, where the learner chose among them by
+    # overlap, their overlap scores: JSON lists, NULL before a judgement.
+    3: (
+        "ALTER TABLE turns ADD COLUMN hint_candidates TEXT",
+        "ALTER TABLE turns ADD COLUMN hint_overlaps TEXT",
+    ),
 }
 FIRST_VERSION = 1
 """The version `agents.store`'s creation script makes."""

@@ -77,7 +77,15 @@ def turn_values(turn: Turn) -> tuple[Any, ...]:
         turn.created_at,
         _pack([i for top in turn.completion_top_ids for i in top] or None, _IDS),
         _pack([lp for top in turn.completion_top_logprobs for lp in top] or None, _LOGPROBS),
+        *hint_choice_values(judgement),
     )
+
+
+def hint_choice_values(judgement: Judgement | None) -> tuple[str | None, str | None]:
+    """The hint candidates and their overlap scores as the store keeps them (JSON)."""
+    if judgement is None:
+        return None, None
+    return to_json(list(judgement.hint_candidates)), to_json(list(judgement.hint_overlaps))
 
 
 def _unpack_top(blob: bytes | None, typecode: str, tokens: int) -> tuple[tuple[Any, ...], ...]:
@@ -97,6 +105,8 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
             score=float(row["score"]),
             hint=row["hint"],
             teacher_logprobs=_unpack_logprobs(row["teacher_logprobs"]),
+            hint_candidates=tuple(json.loads(row["hint_candidates"] or "[]")),
+            hint_overlaps=tuple(json.loads(row["hint_overlaps"] or "[]")),
         )
     next_state = row["next_state"]
     completion_ids = _unpack_ids(row["completion_token_ids"])

@@ -61,6 +61,24 @@ class Judgement:
     """The accepted OPD hint, if any."""
     teacher_logprobs: tuple[float, ...] | None = None
     """Log-probs of the completion tokens under the hint-augmented teacher context."""
+    hint_candidates: tuple[str, ...] = ()
+    """Every hint the judge accepted for the turn, in sampling order; `hint` is one of them
+    once chosen (`judge.hint_selection`)."""
+    hint_overlaps: tuple[int, ...] = ()
+    """Each candidate's overlap with the student (`trainers.hint_choice`), when several
+    were chosen among by overlap; () otherwise."""
+
+    def __post_init__(self) -> None:
+        if self.hint_overlaps and len(self.hint_overlaps) != len(self.hint_candidates):
+            raise ValueError(
+                f"{len(self.hint_overlaps)} overlap scores for "
+                f"{len(self.hint_candidates)} hint candidates"
+            )
+
+    @property
+    def awaits_hint_choice(self) -> bool:
+        """Several candidates and none chosen yet: the learner chooses by overlap."""
+        return self.hint is None and len(self.hint_candidates) > 1
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,12 @@ from agents.engines.base import Engine
 from agents.seats import ProxySeat
 from agents.serving.proxy import LIVE_ENV_ID, Proxy
 from agents.store import Store
-from agents.trajectory import TurnType
+from agents.trajectory import Judgement, Turn, TurnType
 from trainers.compute_config import ClusterConfig
 from trainers.config import HINTED, TOPK, JudgeConfig, MethodConfig, RunConfig
 from trainers.evaluation import Evaluator
+from trainers.experience import ExperienceWriter
+from trainers.hint_choice import HintChooser, longest_hint
 from trainers.judge import Judge, build_judge
 from trainers.judging import JudgeLoop
 from trainers.learner import Learner
@@ -62,6 +64,8 @@ RUN_ENDPOINT = "run"
 
 def topk_settings(method: MethodConfig) -> TopKSettings | None:
     """The learner's top-k term for a top-k method; None for the others."""
+    if method.name == "oel":
+        return TopKSettings(method.teacher_k, "teacher", None, method.w_opd, loss="oel")
     if method.name not in TOPK:
         return None
     return TopKSettings(method.k, method.subset, method.topk_clip, method.w_opd)
@@ -290,7 +294,14 @@ def build_loops(
 ) -> Loops:
     """The judging, training, supervised and rollout loops of the run."""
     hints = config.method.name in HINTED
-    judging = JudgeLoop(store, judges.default, judges.by_env, hints, progress)
+    judging = JudgeLoop(
+        store,
+        judges.default,
+        judges.by_env,
+        hints,
+        progress,
+        experience_writer(config, store, served.proxy.engine),
+    )
     publish = served.proxy.publish_adapter
     make_envs = {name: env_factory(env) for name, env in served.envs.items()}
     supervised, prepare = None, None
@@ -314,10 +325,38 @@ def build_loops(
         run_dir,
         max_signalless_groups=config.rollout.max_signalless_groups,
         encode=served.proxy.engine.encode,
+        choose_hint=hint_chooser(config, learner, served.proxy.engine),
     )
     slots = {name: EnvSlot(name, config.env[name], make) for name, make in make_envs.items()}
     rollouts = rollout_loop(config, slots, served.player, progress, training) if slots else None
     return Loops(judging, training, supervised, rollouts, slots, prepare)
+
+
+def experience_writer(config: RunConfig, store: Store, engine: Engine) -> ExperienceWriter | None:
+    """What writes each ended session's experience notes (`method=oel`); None otherwise."""
+    method = config.method
+    if method.name != "oel":
+        return None
+    temperature = config.sampling.temperature
+    return ExperienceWriter(
+        engine, store, method.experience_template, method.experience_max_tokens, temperature
+    )
+
+
+def hint_chooser(
+    config: RunConfig, learner: PolicyLearner, engine: Engine
+) -> Callable[[Turn], Judgement] | None:
+    """What chooses among a turn's hint candidates by overlap: the local learner's model
+    (`trainers.hint_choice`); a learner without one (Tinker) takes the longest."""
+    if not isinstance(learner, Learner):
+        if config.method.name in HINTED and config.judge.hint_selection == "overlap":
+            logger.warning(
+                "backend=%s has no full logits to score overlap: longest hints win",
+                config.backend.kind,
+            )
+        return functools.partial(longest_hint, engine)
+    chunk = config.trainer.logprob_chunk
+    return HintChooser(learner.model, engine.encode, config.judge.overlap_k, chunk).choose
 
 
 def rollout_loop(

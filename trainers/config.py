@@ -27,50 +27,7 @@ from agents.config import (
 )
 from trainers.compute_config import BackendConfig, ClusterConfig, validate_cluster
 from trainers.distillation import TOPK_SUBSETS
-
-
-@dataclass
-class JudgeConfig:
-    """Who scores turns and writes hints (trainers/judge.py)."""
-
-    kind: str = "self"
-    """self (the policy's base model), remote (an OpenAI-compatible URL), env (the
-    environment's outcome), feedback (a phrase lexicon reading the user's reply; for
-    machines without a capable judge model), or a custom judge as `module:Class`."""
-    votes: int = 3
-    """m: samples per turn for the score, and again for the hint."""
-    decoding: str = "guided"
-    """guided: votes are sampled from the judge model's probabilities of the valid answers
-    (every vote valid, three short scoring passes), hints written as plain text after a
-    guided yes; free: the judge writes its reasoning and answer, parsed as OpenClaw-RL does."""
-    temperature: float = 0.6
-    """Sampling temperature of the votes."""
-    max_tokens: int = 128
-    """Tokens per judge answer."""
-    score_template: str = "judge_score"
-    """Score prompt: a file path, or a name in trainers/prompts/."""
-    hint_template: str = "judge_hint"
-    """Hint prompt: a file path, or a name in trainers/prompts/."""
-    hint_text_template: str = "judge_hint_text"
-    """guided decoding: the prompt that asks for the hint alone, after a guided yes."""
-    hint_min_chars: int = 10
-    """Hints of this many characters or fewer are rejected."""
-    base_url: str | None = None
-    """remote judge: the OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."""
-    api_key: str | None = None
-    """remote judge: its API key."""
-    model: str | None = None
-    """remote judge: the model name to ask for."""
-
-
-def validate_judge(judge: JudgeConfig) -> None:
-    """Raises ValueError, saying the fix, for a judge config that cannot score."""
-    if judge.votes < 1:
-        raise ValueError(f"judge.votes must be >= 1, got {judge.votes}")
-    if judge.kind == "remote" and not (judge.base_url and judge.model):
-        raise ValueError(
-            "judge=remote needs judge.base_url=http://HOST:PORT/v1 (and judge.model=NAME)"
-        )
+from trainers.judge_config import JudgeConfig, validate_judge
 
 
 def validate_judging(judge: JudgeConfig, method: MethodConfig, envs: dict[str, EnvConfig]) -> None:
@@ -98,10 +55,11 @@ class MethodConfig:
 
     name: str = "binary"
     """binary (scalar reward), opd (hint distillation), combine (both), topk_opd (hint
-    distillation over the student's top-k tokens), topk_combine (topk_opd and binary), or
-    sft (supervised fine-tuning on demonstrations: the `sft` section)."""
+    distillation over the student's top-k tokens), topk_combine (topk_opd and binary), oel
+    (experience distillation: trainers/experience.py), or sft (supervised fine-tuning on
+    demonstrations: the `sft` section)."""
     w_opd: float = 1.0
-    """combine, topk_*: weight of the distillation term."""
+    """combine, topk_*, oel: weight of the distillation term."""
     w_rl: float = 1.0
     """combine, topk_combine: weight of the reward term (topk_opd: 0)."""
     diff_clip: float | None = 1.0
@@ -114,6 +72,12 @@ class MethodConfig:
     the student's that the teacher's top-k holds too (overlap)."""
     topk_clip: float | None = 1.0
     """topk_*: c, the teacher - old difference of each member clamped to [-c, c]."""
+    teacher_k: int = 50
+    """oel: the teacher's top-k tokens the reverse KL runs over, beside one tail bin."""
+    experience_max_tokens: int = 2048
+    """oel: the most tokens of a session's experience notes."""
+    experience_template: str = "experience"
+    """oel: the prompt that asks for the notes, a file path or a name in trainers/prompts/."""
     use_judge: bool = True
     """binary / combine: take the judge's majority score as reward."""
     use_env_reward: bool = True
@@ -132,12 +96,14 @@ class MethodConfig:
     uniform group's turns with advantage 0 (DAPO's baseline: a smaller effective batch)."""
 
 
-METHODS = ("binary", "opd", "combine", "topk_opd", "topk_combine", "sft")
+METHODS = ("binary", "opd", "combine", "topk_opd", "topk_combine", "oel", "sft")
 """The values of `method.name`."""
 HINTED = ("opd", "combine", "topk_opd", "topk_combine")
 """The methods that learn from the judge's hints."""
 TOPK = ("topk_opd", "topk_combine")
 """The methods whose distillation term runs over each position's top-k tokens."""
+LEARNER_TEACHER = (*TOPK, "oel")
+"""The methods whose teacher is read from the local learner's forward pass."""
 
 
 def validate_method(method: MethodConfig) -> None:
@@ -150,6 +116,8 @@ def validate_method(method: MethodConfig) -> None:
         raise ValueError(f"method.k must be in 1..20 (OpenAI's top_logprobs), got {method.k}")
     if method.subset not in TOPK_SUBSETS:
         raise ValueError(f"method.subset must be one of {TOPK_SUBSETS}, got {method.subset!r}")
+    if method.teacher_k < 1 or method.experience_max_tokens < 1:
+        raise ValueError("method.teacher_k and method.experience_max_tokens must be >= 1")
     for name in ("diff_clip", "topk_clip"):
         clip = getattr(method, name)
         if clip is not None and clip <= 0:
@@ -486,10 +454,10 @@ def validate_backend(config: RunConfig) -> None:
         )
     if config.trainer.init_adapter:
         raise ValueError("backend=tinker starts from the base model: drop trainer.init_adapter")
-    if config.method.name in TOPK:
+    if config.method.name in LEARNER_TEACHER:
         raise ValueError(
-            f"method={config.method.name} takes the teacher's log-probs at the student's top-k "
-            "from the local learner's forward pass: use backend=local"
+            f"method={config.method.name} takes the teacher's log-probs from the local "
+            "learner's forward pass: use backend=local"
         )
     if config.trainer.kl_weight:
         raise ValueError(

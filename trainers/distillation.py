@@ -116,7 +116,7 @@ def topk_overlap(student_ids: torch.Tensor, teacher_ids: torch.Tensor, mask: tor
 
 
 def accepted_hints(
-    votes: Sequence[tuple[int, str | None]], min_chars: int = 10, most: int = 3
+    votes: Sequence[tuple[int | None, str | None]], min_chars: int = 10, most: int = 3
 ) -> list[str]:
     """The hint candidates of a turn's judge samples, in sampling order: a +1 vote with a hint
     over `min_chars` characters, not a duplicate of an earlier one (whitespace aside), at most

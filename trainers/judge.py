@@ -4,8 +4,11 @@
 - Votes: m samples of the score prompt at temperature 0.6; each answer is read from its
   last `\\boxed{}`; unparsable votes are ignored; the majority wins; a tie or no valid vote
   gives 0, and a 0-scored turn is masked out of the loss.
-- Hints: m samples of the hint prompt; a hint counts when the sample answers `\\boxed{1}`
-  and the text between the markers is longer than `hint_min_chars`; the longest wins.
+- Hints: m samples of the hint prompt; a hint is a candidate when the sample answers
+  `\\boxed{1}`, the text between the markers is longer than `hint_min_chars` and no earlier
+  candidate says the same (at most 3 a turn). `hint_selection` picks one: the longest, the
+  shortest, or (several candidates, `overlap`) the one whose hinted teacher's top-k agrees
+  most with the student's, which the learner scores (`trainers.hint_choice`).
 - Teacher: the base model (adapter off) scores the student's own completion tokens with
   the hint appended to the last user message.
 
@@ -33,7 +36,8 @@ from typing import Any, Protocol
 
 from agents.engines.base import BASE, POLICY, Engine, SamplingParams
 from agents.trajectory import Judgement, Message, Session, Turn
-from trainers.config import JudgeConfig
+from trainers.distillation import accepted_hints, select_hint
+from trainers.judge_config import JudgeConfig
 
 HINT_HEADER = "\n\n[user's hint / instruction]\n"
 _BOXED = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
@@ -58,17 +62,32 @@ def majority(votes: Sequence[int | None]) -> float:
 
 def parse_hint(text: str, min_chars: int = 10) -> str | None:
     """The hint of one judge answer, if it says yes (`\\boxed{1}`) and the hint is long enough."""
-    if parse_vote(text) != 1:
-        return None
+    hint = marked_hint(text)
+    return hint if parse_vote(text) == 1 and len(hint) > min_chars else None
+
+
+def marked_hint(text: str) -> str:
+    """The text between the last pair of hint markers, whitespace collapsed ("" if none)."""
     found = _HINT.findall(text)
-    hint = " ".join(found[-1].split()) if found else ""
-    return hint if len(hint) > min_chars else None
+    return " ".join(found[-1].split()) if found else ""
 
 
-def longest(hints: Sequence[str | None]) -> str | None:
-    """The longest accepted hint, or None."""
-    accepted = [h for h in hints if h]
-    return max(accepted, key=len) if accepted else None
+def hinted_judgement(
+    votes: tuple[int, ...],
+    score: float,
+    candidates: Sequence[str],
+    selection: str,
+    teacher: Engine,
+    turn: Turn,
+) -> Judgement:
+    """A judgement with its hint candidates and, chosen now, its hint and the teacher's
+    log-probs. With `overlap` and several candidates the choice waits for the learner,
+    which has the full distributions it needs (`trainers.hint_choice`)."""
+    if selection == "overlap" and len(candidates) > 1:
+        return Judgement(votes, score, hint_candidates=tuple(candidates))
+    chosen = select_hint(candidates, (), "longest" if selection == "overlap" else selection)
+    hint = None if chosen is None else candidates[chosen]
+    return Judgement(votes, score, hint, teacher_logprobs(teacher, turn, hint), tuple(candidates))
 
 
 def awaits_next_state(turn: Turn, session: Session) -> bool:
@@ -166,30 +185,22 @@ class LLMJudge:
             if guided
             else self._free_votes(score_prompt)
         )
-        hint = self._hint(fields, rng) if want_hint else None
-        return Judgement(
-            tuple(v for v in votes if v is not None),
-            majority(votes),
-            hint,
-            teacher_logprobs(self.teacher, turn, hint),
-        )
+        candidates = self._hints(fields, rng) if want_hint else []
+        valid = tuple(v for v in votes if v is not None)
+        selection = self.config.hint_selection
+        return hinted_judgement(valid, majority(votes), candidates, selection, self.teacher, turn)
 
-    def _hint(self, fields: dict[str, str], rng: random.Random) -> str | None:
+    def _hints(self, fields: dict[str, str], rng: random.Random) -> list[str]:
+        """The turn's hint candidates (`trainers.distillation.accepted_hints`)."""
         prompt = fill(self.hint_template, fields)
+        least = self.config.hint_min_chars
         if self.config.decoding == "free":
-            return longest(
-                [parse_hint(a, self.config.hint_min_chars) for a in self._sample(prompt)]
-            )
+            answers = self._sample(prompt)
+            return accepted_hints([(parse_vote(a), marked_hint(a)) for a in answers], least)
         if majority(self._guided_votes(prompt, (1, -1), rng)) != 1:
-            return None
+            return []
         texts = self._sample(fill(self.hint_text_template, fields))
-        return longest(
-            [
-                " ".join(t.split())
-                for t in texts
-                if len(" ".join(t.split())) > self.config.hint_min_chars
-            ]
-        )
+        return accepted_hints([(1, text) for text in texts], least)
 
     def _free_votes(self, prompt: str) -> list[int | None]:
         return [parse_vote(answer) for answer in self._sample(prompt)]
@@ -311,10 +322,11 @@ class FeedbackJudge:
         if role != "user":
             return Judgement()  # a tool result is no person's feedback
         vote = feedback_vote(text)
-        hint = feedback_hint(text) if want_hint and vote == -1 else None
-        if hint is not None and len(hint) <= self.config.hint_min_chars:
-            hint = None
-        return Judgement((vote,), float(vote), hint, teacher_logprobs(self.engine, turn, hint))
+        # a complaint is what carries the user's instruction: its hint stands as a yes
+        hints = [(1, feedback_hint(text))] if want_hint and vote == -1 else []
+        candidates = accepted_hints(hints, self.config.hint_min_chars)
+        selection = self.config.hint_selection
+        return hinted_judgement((vote,), float(vote), candidates, selection, self.engine, turn)
 
 
 class EnvJudge:

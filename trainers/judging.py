@@ -1,5 +1,7 @@
 """The judging loop: reads collected main turns from the store, asks each one's judge (the
-judge of its session's env, else the run's), and stores the judgement."""
+judge of its session's env, else the run's), and stores the judgement. With `method=oel`
+a turn waits for its session to end, whose experience notes are written first
+(`trainers.experience`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Mapping
 
 from agents.store import Store
 from agents.trajectory import TurnStatus, TurnType
+from trainers.experience import ExperienceWriter
 from trainers.judge import Judge
 from trainers.progress import Progress
 
@@ -24,6 +27,7 @@ class JudgeLoop:
         by_env: judges of particular envs (`env.<name>.judge`), by the env's name.
         want_hint: whether the method trains on hints (opd, combine).
         progress: where judged turns and scores are counted.
+        experience: writes each ended session's notes (`method=oel`); None: no notes.
     """
 
     def __init__(
@@ -33,9 +37,10 @@ class JudgeLoop:
         by_env: Mapping[str, Judge],
         want_hint: bool,
         progress: Progress,
+        experience: ExperienceWriter | None = None,
     ):
         self.store, self.judge, self.by_env = store, judge, dict(by_env)
-        self.want_hint, self.progress = want_hint, progress
+        self.want_hint, self.progress, self.experience = want_hint, progress, experience
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -54,9 +59,15 @@ class JudgeLoop:
             for s in self.store.sessions(session_ids={t.session_id for _, t in pending})
         }
         judged = 0
+        notes: dict[str, str | None] = {}
         for _, turn in pending:
             if stop is not None and stop.is_set():
                 break
+            if self.experience is not None:
+                if turn.session_id not in notes:
+                    notes[turn.session_id] = self.experience.notes(turn.session_id)
+                if notes[turn.session_id] is None:
+                    continue  # its session goes on: no notes to learn from yet
             session = sessions[turn.session_id]
             judge = self.by_env.get(session.env_id, self.judge)
             judgement = judge.judge(turn, session, self.want_hint)

@@ -35,7 +35,8 @@ from trainers.advantages import (
     mix_rewards,
     opd_advantages,
 )
-from trainers.config import TOPK, MethodConfig
+from trainers.config import LEARNER_TEACHER, TOPK, MethodConfig
+from trainers.experience import NOTES_KEY, with_experience
 from trainers.judge import with_hint
 from trainers.learning import TrainSample
 
@@ -118,7 +119,7 @@ def select(
     looked up by each session's env id; a session of no listed env (a live one) takes
     `RewardWeights()`. `encode` renders the hinted teacher's prompt for the top-k methods
     (the engine's `encode`, as the judge's teacher renders it)."""
-    if method.name in TOPK and encode is None:
+    if method.name in LEARNER_TEACHER and encode is None:
         raise ValueError(f"method={method.name} needs `encode` for the teacher's prompt")
     fresh = [
         (s, t) for s, t in judged if not is_stale(t.policy_version, current_version, max_staleness)
@@ -139,6 +140,9 @@ def select(
         if method.name in TOPK:
             assert encode is not None  # checked above
             sample = topk_sample(seq, turn, centred.get(seq), method, encode)
+        elif method.name == "oel":
+            assert encode is not None
+            sample = oel_sample(seq, turn, sessions[turn.session_id], encode)
         else:
             advantages = _advantages(turn, rewards[seq], centred.get(seq), method, keep_zero)
             sample = None if advantages is None else _sample(seq, turn, advantages)
@@ -193,6 +197,18 @@ def topk_sample(
     )
 
 
+def oel_sample(seq: int, turn: Turn, session: Session, encode: Encode) -> TrainSample | None:
+    """An experience-distillation sample: the teacher's prompt is the turn's with its
+    session's notes (`trainers.experience`), no advantage (the loss is the reverse KL to
+    that teacher alone); None when the session's notes are empty."""
+    notes = session.metadata.get(NOTES_KEY)
+    if not notes:
+        return None
+    teacher_prompt = encode(with_experience(turn.prompt_messages, notes), turn.tools or None)
+    zeros = torch.zeros(len(turn.completion_token_ids))
+    return dataclasses.replace(_sample(seq, turn, zeros), teacher_prompt_ids=tuple(teacher_prompt))
+
+
 def group_signals(
     turns: Sequence[tuple[int, Turn]],
     rewards: Mapping[int, float | None],
@@ -213,6 +229,8 @@ def group_signals(
         hinted = method.name != "binary" and any(
             t.judgement is not None and t.judgement.teacher_logprobs is not None for _, t in grouped
         )
+        if method.name == "oel":  # the notes are its signal
+            hinted = any(sessions[t.session_id].metadata.get(NOTES_KEY) for _, t in grouped)
         contrast = method.name not in ("opd", "topk_opd") and any(
             centred.get(s) for s, _ in grouped
         )

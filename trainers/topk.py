@@ -30,7 +30,12 @@ from typing import Any
 
 import torch
 
-from trainers.distillation import topk_members, topk_opd_advantages, topk_opd_loss
+from trainers.distillation import (
+    tail_bin_reverse_kl,
+    topk_members,
+    topk_opd_advantages,
+    topk_opd_loss,
+)
 from trainers.learning import TrainSample
 from trainers.logprobs import decoder_states
 
@@ -44,6 +49,9 @@ class TopKSettings:
     clip: float | None = 1.0
     weight: float = 1.0
     """w_opd: the term's weight beside the policy loss."""
+    loss: str = "topk_opd"
+    """topk_opd (the clipped surrogate over S_t), or oel: reverse KL(student || teacher)
+    over the teacher's top-k plus a tail bin (`tail_bin_reverse_kl`; `subset=teacher`)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,10 @@ def teacher_topk(
     for row, index in enumerate(hinted):
         sample = samples[index]
         start, end = len(sample.teacher_prompt_ids or ()), len(sequences[row])
-        student = torch.tensor(sample.top_ids, dtype=torch.long, device=device)
+        # oel keeps no student top-k: its term reads the teacher's own top-k alone
+        student = torch.zeros(len(sample.completion_ids), 0, dtype=torch.long, device=device)
+        if sample.top_ids:
+            student = torch.tensor(sample.top_ids, dtype=torch.long, device=device)
         pieces = []
         for i in range(start, end, chunk):
             stop = min(i + chunk, end)
@@ -124,6 +135,11 @@ def topk_loss(
         if now is None or teacher is None:
             continue
         device = now.device
+        if settings.loss == "oel":
+            mask = torch.ones(len(sample.completion_ids), device=device)
+            teacher_logprobs = teacher.logprobs.to(device)
+            losses.append(tail_bin_reverse_kl(now, teacher_logprobs, mask, total_tokens))
+            continue
         student_ids = torch.tensor(sample.top_ids, dtype=torch.long, device=device)
         if settings.subset == "teacher":
             teacher_at, old = teacher.logprobs.to(device), now.detach()

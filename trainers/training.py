@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agents.config import EnvConfig
 from agents.store import Store
-from agents.trajectory import Session, SessionStatus, Turn, TurnStatus, TurnType
+from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnStatus, TurnType
 from trainers.config import HINTED, MethodConfig, TrainerConfig
 from trainers.diagnostics import RewardGroups, mean_abs, nonzero_share, variance_share
 from trainers.learning import PolicyLearner, StepMetrics, TrainSample
@@ -54,6 +54,8 @@ class TrainLoop:
             the run stops (`SignalWatch`); 0: never.
         encode: the engine's `encode` (the top-k methods render the hinted teacher's
             prompt with it).
+        choose_hint: chooses among a turn's hint candidates (`trainers.hint_choice`; the
+            judge's `hint_selection=overlap` leaves that to the learner); None: no such turns.
     """
 
     def __init__(
@@ -70,11 +72,12 @@ class TrainLoop:
         run_dir: Path,
         max_signalless_groups: int = 0,
         encode: Encode | None = None,
+        choose_hint: Callable[[Turn], Judgement] | None = None,
     ):
         self.trainer, self.method, self.envs, self.weights = trainer, method, envs, weights
         self.learner, self.store, self.publish = learner, store, publish
         self.progress, self.metrics, self.run_dir = progress, metrics, Path(run_dir)
-        self.encode = encode
+        self.encode, self.choose_hint = encode, choose_hint
         self.in_training = 0
         """Turns of the batch the learner is on (still judged in the store until done)."""
         self._started = time.monotonic()
@@ -108,6 +111,7 @@ class TrainLoop:
         ready, sessions = self._ready_turns()
         if len(ready) < self.trainer.batch_turns:
             return None
+        ready = self._choose_hints(ready)
         selection = select(
             ready,
             sessions,
@@ -187,6 +191,20 @@ class TrainLoop:
             publish_ms,
         )
         return metrics
+
+    def _choose_hints(self, ready: list[tuple[int, Turn]]) -> list[tuple[int, Turn]]:
+        """`ready` with a hint chosen for each turn whose judge left several candidates to
+        the learner, each choice stored with the turn (made once)."""
+        chosen = []
+        for seq, turn in ready:
+            if turn.judgement is not None and turn.judgement.awaits_hint_choice:
+                if self.choose_hint is None:
+                    raise ValueError("turns await a hint choice: give the loop `choose_hint`")
+                judgement = self.choose_hint(turn)
+                self.store.set_judgement(turn.session_id, turn.index, judgement)
+                turn = turn.replace(judgement=judgement)
+            chosen.append((seq, turn))
+        return chosen
 
     def _ready_turns(self) -> tuple[list[tuple[int, Turn]], dict[str, Session]]:
         """Judged main turns whose whole group is finished and judged (for the baseline),

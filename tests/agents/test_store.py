@@ -214,7 +214,7 @@ def test_a_store_written_by_schema_1_opens_migrated_with_every_turn_kept(tmp_pat
     with Store(path):  # opening it again migrates nothing twice
         pass
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
-    assert int(version) == SCHEMA_VERSION == 2
+    assert int(version) == SCHEMA_VERSION
 
 
 def test_a_store_newer_than_the_code_is_refused(tmp_path):
@@ -244,3 +244,48 @@ def test_top_k_round_trips_and_a_misshapen_top_k_is_refused(store):
         )
     with pytest.raises(ValueError, match="top-k ids and log-probs"):
         make_turn(completion_top_ids=((4, 1),), completion_top_logprobs=((-0.5, -1.5),))
+
+
+def test_hint_candidates_and_their_overlaps_round_trip(store):
+    store.add_session(Session("s", "e"))
+    store.add_turn(make_turn(index=0))
+    store.add_turn(make_turn(index=1))
+    pending = Judgement((1, 1), 1.0, hint_candidates=("Answer in French.", "Use bullet points."))
+    chosen = Judgement(
+        (1,),
+        1.0,
+        "Use bullet points.",
+        (-0.5, -0.25),
+        ("Answer in French.", "Use bullet points."),
+        (3, 7),
+    )
+    store.set_judgement("s", 0, pending)
+    store.set_judgement("s", 1, chosen)
+    first, second = (turn.judgement for _, turn in store.turns())
+    assert first == pending and first.awaits_hint_choice
+    assert second == chosen and not second.awaits_hint_choice
+    with pytest.raises(ValueError, match="2 overlap scores for 1 hint candidates"):
+        Judgement(hint_candidates=("Answer in French.",), hint_overlaps=(1, 2))
+
+
+def test_a_store_at_schema_2_opens_and_its_judgements_keep_no_candidates(tmp_path):
+    """A store as the code before hint candidates wrote it: schema 2, without their
+    columns (made here by dropping them from a new store)."""
+    import sqlite3
+
+    path = tmp_path / "v2.sqlite"
+    with Store(path) as store:
+        store.add_session(Session("s", "e"))
+        store.add_turn(make_turn())
+        store.set_judgement("s", 0, Judgement((-1,), -1.0, "Keep it short.", (-0.25, -0.5)))
+    db = sqlite3.connect(path)
+    for column in ("hint_candidates", "hint_overlaps"):
+        db.execute(f"ALTER TABLE turns DROP COLUMN {column}")
+    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        ((_, turn),) = store.turns()
+        assert turn.judgement == Judgement((-1,), -1.0, "Keep it short.", (-0.25, -0.5))
+        store.set_judgement("s", 0, Judgement((1,), 1.0, hint_candidates=("a", "b")))
+        assert store.turns()[0][1].judgement.hint_candidates == ("a", "b")

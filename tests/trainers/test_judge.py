@@ -14,8 +14,8 @@ from trainers.judge import (
     feedback_hint,
     feedback_vote,
     fill,
-    longest,
     majority,
+    marked_hint,
     parse_hint,
     parse_vote,
     render_next_state,
@@ -62,11 +62,10 @@ def test_hint_needs_a_yes_and_more_than_ten_characters():
     assert parse_hint(good.replace("\\boxed{1}", "\\boxed{-1}")) is None
     assert parse_hint("[HINT_START]Be brief.[HINT_END] \\boxed{1}") is None  # 9 characters
     assert parse_hint("\\boxed{1} but no markers") is None
-    assert (
-        longest([None, "Use bullet points.", "Use bullet points, always."])
-        == "Use bullet points, always."
+    assert marked_hint("[HINT_START] Use  bullet\npoints.[HINT_END] \\boxed{-1}") == (
+        "Use bullet points."
     )
-    assert longest([None, None]) is None
+    assert marked_hint("no markers") == ""
 
 
 def test_teacher_context_appends_the_hint_to_the_last_user_message():
@@ -136,6 +135,7 @@ def test_llm_judge_votes_hints_and_scores_the_teacher_with_the_real_model(tiny_e
     judgement = judge.judge(turn, Session("s", "e"), want_hint=True)
     assert judgement.votes == (-1, -1) and judgement.score == -1.0
     assert judgement.hint == "Reply with the number only."
+    assert judgement.hint_candidates == ("Reply with the number only.",)
     hinted = tiny_engine.encode(with_hint(turn.prompt_messages, judgement.hint))
     expected = tiny_engine.score(hinted, turn.completion_token_ids, adapter=None)
     assert judgement.teacher_logprobs == pytest.approx(expected, abs=1e-6)
