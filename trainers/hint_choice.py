@@ -32,7 +32,7 @@ from agents.engines.base import Engine
 from agents.trajectory import Judgement, Turn
 from trainers.distillation import select_hint, topk_overlap
 from trainers.judge import teacher_logprobs, with_hint
-from trainers.logprobs import decoder_states
+from trainers.logprobs import padded_states
 from trainers.samples import Encode
 
 
@@ -53,14 +53,7 @@ def score_contexts(
     one right-padded pass (call it without gradient); the vocabulary projection runs
     `chunk` positions at a time."""
     sequences = [[*prompt, *completion] for prompt in prompts]
-    width = max(map(len, sequences))
-    device = causal_lm.get_output_embeddings().weight.device
-    ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence)] = torch.tensor(sequence)
-        mask[row, : len(sequence)] = 1
-    hidden = decoder_states(causal_lm, ids, mask, 0)
+    hidden = padded_states(causal_lm, sequences)
     head = causal_lm.get_output_embeddings()
     scored = []
     for row, prompt in enumerate(prompts):
@@ -70,7 +63,8 @@ def score_contexts(
             logits = head(hidden[row, start - 1 : stop - 1]).float()
             logsoftmax = torch.log_softmax(logits, dim=-1)
             tops.append(logsoftmax.topk(k, dim=-1).indices.cpu())
-            sampled.append(logsoftmax.gather(-1, ids[row, start:stop, None])[:, 0].cpu())
+            taken = torch.tensor(sequences[row][start:stop], device=logits.device)
+            sampled.append(logsoftmax.gather(-1, taken[:, None])[:, 0].cpu())
         scored.append(Scored(torch.cat(tops), torch.cat(sampled)))
     return scored
 

@@ -79,6 +79,19 @@ def decoder_states(
     return torch.cat([prefix, rest], dim=1)
 
 
+def padded_states(causal_lm: Any, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The decoder's last hidden states of token sequences of any lengths, right-padded into
+    one batch on the head's device, [rows, longest, hidden]."""
+    width = max(map(len, sequences))
+    device = causal_lm.get_output_embeddings().weight.device
+    ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+    return decoder_states(causal_lm, ids, mask, 0)
+
+
 def token_logprobs_and_entropy(
     causal_lm: Any,
     sequences: list[list[int]],

@@ -37,7 +37,7 @@ from trainers.distillation import (
     topk_opd_loss,
 )
 from trainers.learning import TrainSample
-from trainers.logprobs import decoder_states
+from trainers.logprobs import padded_states
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,8 @@ def teacher_topk(
     sequences = [
         [*(samples[i].teacher_prompt_ids or ()), *samples[i].completion_ids] for i in hinted
     ]
-    width = max(map(len, sequences))
-    device = causal_lm.get_output_embeddings().weight.device
-    ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence)] = torch.tensor(sequence)
-        mask[row, : len(sequence)] = 1
-    hidden = decoder_states(causal_lm, ids, mask, 0)
+    hidden = padded_states(causal_lm, sequences)
+    device = hidden.device
     head = causal_lm.get_output_embeddings()
     for row, index in enumerate(hinted):
         sample = samples[index]
