@@ -218,6 +218,13 @@ def forward_inputs(
     image grids (the same in the engine's prefill and the learner's pass)."""
     config = model.config
     types = (ids == config.image_token_id).int()
+    merge = config.vision_config.spatial_merge_size
+    needed = 0 if pixels is None else int(pixels.image_grid_thw.prod(-1).sum()) // merge**2
+    if int(types.sum()) != needed:
+        raise ValueError(
+            f"the ids hold {int(types.sum())} image placeholders for images of {needed} "
+            "tokens: score a prompt with the very images it was sampled with"
+        )
     grid = None if pixels is None else pixels.image_grid_thw.to(ids.device)
     positions, _ = _base(model).get_rope_index(
         ids, mm_token_type_ids=types, image_grid_thw=grid, attention_mask=mask

@@ -23,6 +23,8 @@ class TrainSample:
     advantages: tuple[float, ...]
     """One per completion token."""
     policy_version: int
+    images: tuple[bytes, ...] = ()
+    """The prompt's images in order (a vision-language policy's): the pixels it saw."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from agents.vision import Pixels, forward_inputs
 from trainers.learning import TrainSample
 from trainers.losses import entropy
 
@@ -123,6 +124,39 @@ def span_logprobs_and_entropy(
     for row, start, end in spans:
         targets = ids[row, start:end]
         states = hidden[row, start - 1 : end - 1]
+        pieces = [
+            checkpoint(
+                gather, head, states[i : i + chunk], targets[i : i + chunk], use_reentrant=False
+            )
+            for i in range(0, len(targets), chunk)
+        ]
+        logprobs.append(torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0))
+        entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
+    return logprobs, entropies
+
+
+def vision_logprobs_and_entropy(
+    model: Any,
+    pixels: Pixels,
+    samples: Sequence[TrainSample],
+    chunk: int,
+    with_entropy: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`span_logprobs_and_entropy` for a vision-language model: each sample's completion
+    scored in a pass of its own, with its images' pixels and M-RoPE positions built as the
+    engine built them (`agents.vision.forward_inputs`), the pixels preprocessed once per
+    image (`Pixels` caches them). No packing or prefix sharing: two prompts with the same
+    ids may hold different images."""
+    device = model.get_output_embeddings().weight.device
+    head = model.get_output_embeddings()
+    gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
+    logprobs, entropies = [], []
+    for sample in samples:
+        ids = torch.tensor([[*sample.prompt_ids, *sample.completion_ids]], device=device)
+        inputs = forward_inputs(model, ids, torch.ones_like(ids), pixels(sample.images))
+        hidden = model.model(input_ids=ids, **inputs).last_hidden_state[0]
+        start, end = len(sample.prompt_ids), ids.shape[1]
+        targets, states = ids[0, start:end], hidden[start - 1 : end - 1]
         pieces = [
             checkpoint(
                 gather, head, states[i : i + chunk], targets[i : i + chunk], use_reentrant=False

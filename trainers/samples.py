@@ -25,6 +25,7 @@ import torch
 
 from agents.config import EnvConfig
 from agents.trajectory import Session, Turn
+from agents.vision import images_of
 from trainers.advantages import (
     combine_advantages,
     group_baseline,
@@ -135,6 +136,7 @@ def select(
                 rollout_logprobs=turn.completion_logprobs,
                 advantages=tuple(advantages.tolist()),
                 policy_version=turn.policy_version,
+                images=tuple(images_of(turn.prompt_messages)),
             )
         )
     return Selection(tuple(samples), tuple(dropped), len(judged) - len(fresh), groups)

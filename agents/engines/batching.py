@@ -200,14 +200,18 @@ class Scheduler:
                     request.retired = True
                     self.adapters.unbind(request.adapter)
 
-    def call(self, job: Callable[[], T]) -> T:
-        """Runs `job` on the scheduler thread between two steps; returns its result."""
+    def post(self, job: Callable[[], T]) -> Future[T]:
+        """Queues `job` to run on the scheduler thread between two steps."""
         future: Future[T] = Future()
         with self._cond:
             self._check_open()
             self._jobs.append((job, future))
             self._wake()
-        return future.result()
+        return future
+
+    def call(self, job: Callable[[], T]) -> T:
+        """Runs `job` on the scheduler thread between two steps; returns its result."""
+        return self.post(job).result()
 
     def close(self) -> None:
         """Stops the thread; requests still running end with an error."""

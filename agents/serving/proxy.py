@@ -32,6 +32,7 @@ from agents.serving.identity import bearer, credential, home_credentials, is_one
 from agents.serving.sessions import SessionTracker
 from agents.store import Store
 from agents.trajectory import TurnType
+from agents.vision import ImageLimits
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,13 @@ class ProxyConfig:
     request_timeout_s: float = 60.0
     """A request's head and body must arrive within this long of its first byte, else the
     connection is closed (32 MB at 1 MB/s takes half of it)."""
+    max_image_bytes: int = 4 << 20
+    """Largest image a request may carry (decoded); larger is a 400 (`invalid_image`)."""
+    max_images: int = 16
+    """Most images one request's messages may carry; more is a 400 (`invalid_image`)."""
+
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_image_bytes, self.max_images)
 
     def __post_init__(self) -> None:
         limits = (self.session_idle_s, self.idle_timeout_s, self.request_timeout_s)

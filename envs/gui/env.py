@@ -6,7 +6,8 @@ screenshot of it as an OpenAI `image_url` part (`screenshot`), or both, and acts
 on elements by id (`click`, `type_text`, `select_option`) where it sees the rendering, on
 pixels of the screenshot (`click_at`, `type_keys` into what has focus) everywhere, and
 `press_key`, `scroll`, `wait`. A screenshot-only agent is shown only the tools it can aim.
-After every assistant message it sees the tools' results and then the page again. The episode ends when the page ends it; the reward is the page's own raw reward
+After every assistant message it sees the tools' results and then the page again. The
+episode ends when the page ends it; the reward is the page's own raw reward
 (`WOB_RAW_REWARD_GLOBAL`: 1 for success, -1 for failure, partial credit on a few tasks).
 A do-nothing agent runs out of turns with reward 0.
 
