@@ -210,6 +210,32 @@ def expand(ids: Sequence[int], pad_id: int, counts: Sequence[int]) -> list[int]:
     return out
 
 
+def markup_ids(config: Any) -> list[int]:
+    """A vision-language model's image and video token ids (placeholders, start, end).
+
+    The policy never samples them: a placeholder in a completion would be an image token
+    with no image in the learner's pass over prompt and completion (the model counts every
+    placeholder in its input), where the engine's decoding fed it as a plain token. So the
+    policy's next-token distribution is the model's with these tokens masked out, in the
+    engine (`agents.engines.batching.Scheduler`, `agents.engines.vision_decode`) and in the
+    learner alike (`masked_logits`)."""
+    return [
+        config.image_token_id,
+        config.video_token_id,
+        config.vision_start_token_id,
+        config.vision_end_token_id,
+    ]
+
+
+def masked_logits(logits: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
+    """`logits` with the `banned` token ids (last dimension) at the dtype's lowest finite
+    value (`markup_ids`): probability 0 after softmax, and a finite log-prob, so that an
+    entropy's 0 x log 0 is 0, not NaN."""
+    if banned is None:
+        return logits
+    return logits.index_fill(-1, banned.to(logits.device), torch.finfo(logits.dtype).min)
+
+
 def forward_inputs(
     model: Any, ids: torch.Tensor, mask: torch.Tensor, pixels: PixelInputs | None
 ) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from agents.vision import Pixels, forward_inputs
+from agents.vision import Pixels, forward_inputs, markup_ids, masked_logits
 from trainers.learning import TrainSample
 from trainers.losses import entropy
 
@@ -148,7 +148,7 @@ def vision_logprobs_and_entropy(
     image (`Pixels` caches them). No packing or prefix sharing: two prompts with the same
     ids may hold different images."""
     device = model.get_output_embeddings().weight.device
-    head = model.get_output_embeddings()
+    head = _MaskedHead(model.get_output_embeddings(), torch.tensor(markup_ids(model.config)))
     gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
     logprobs, entropies = [], []
     for sample in samples:
@@ -166,6 +166,18 @@ def vision_logprobs_and_entropy(
         logprobs.append(torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0))
         entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
     return logprobs, entropies
+
+
+class _MaskedHead(torch.nn.Module):
+    """The output projection with a VL model's markup tokens at -inf, as the engine samples
+    (`agents.vision.markup_ids`)."""
+
+    def __init__(self, head: torch.nn.Module, banned: torch.Tensor):
+        super().__init__()
+        self.head, self.banned = head, banned
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return masked_logits(self.head(states), self.banned)
 
 
 def _gather_logprobs(

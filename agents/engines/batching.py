@@ -63,6 +63,7 @@ from agents.engines.kv_layout import concat_rows, row_kv, select_rows, with_pref
 from agents.engines.lora_slots import AdapterTable, drop_row_hooks
 from agents.engines.prefix_cache import Key, PrefixCache
 from agents.engines.sampling import pick_tokens
+from agents.vision import masked_logits
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,8 @@ class Scheduler:
         max_batch: most sequences decoded together.
         threads: torch CPU threads of the scheduler thread (None: torch's default).
         prefix_tokens: most tokens whose KV the prefix cache holds (0: no prefix reuse).
+        banned: token ids never sampled (a vision-language model's markup,
+            `agents.vision.markup_ids`), None for none.
     """
 
     def __init__(
@@ -141,10 +144,12 @@ class Scheduler:
         max_batch: int = 32,
         threads: int | None = None,
         prefix_tokens: int = 0,
+        banned: torch.Tensor | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model, self.eos_ids, self.max_batch, self.threads = model, eos_ids, max_batch, threads
+        self.banned = banned
         self.prefixes = PrefixCache(prefix_tokens)
         """Scheduler thread only."""
         self.prompt_tokens = 0
@@ -370,7 +375,8 @@ class Scheduler:
             if "adapter_names" in extra:
                 drop_row_hooks(model)
             raise
-        return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.past_key_values
+        logits = masked_logits(out.logits[:, -1].float(), self.banned)
+        return torch.log_softmax(logits, dim=-1), out.past_key_values
 
     def _live_keys(self) -> set[Key]:
         """Prefix-cache keys a request can still bind: the base model and the policy now."""

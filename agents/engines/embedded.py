@@ -96,7 +96,12 @@ class EmbeddedEngine:
         )
         self._char_bound = char_bound(self.tokenizer)
         self._scheduler = Scheduler(
-            self.model, self._eos_ids(), max_batch, threads, prefix_cache_tokens
+            self.model,
+            self._eos_ids(),
+            max_batch,
+            threads,
+            prefix_cache_tokens,
+            torch.tensor(vision.markup_ids(self.model.config)) if self.pixels else None,
         )
 
     @property
@@ -191,7 +196,7 @@ class EmbeddedEngine:
         def run() -> None:  # on the scheduler thread
             try:
                 model, extra = self._scheduler.adapters.lora_model([slot])
-                decode_alone(model, extra, request, pixels, self._eos_ids())
+                decode_alone(model, extra, request, pixels, self._eos_ids(), self._scheduler.banned)
             except Exception as error:
                 logger.exception("sampling a request with images failed")
                 events.put(error)

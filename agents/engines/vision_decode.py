@@ -21,21 +21,27 @@ import torch
 
 from agents.engines.batching import Request
 from agents.engines.sampling import pick_tokens
-from agents.vision import PixelInputs, forward_inputs
+from agents.vision import PixelInputs, forward_inputs, masked_logits
 
 
 def decode_alone(
-    model: Any, extra: dict[str, Any], request: Request, pixels: PixelInputs, eos_ids: set[int]
+    model: Any,
+    extra: dict[str, Any],
+    request: Request,
+    pixels: PixelInputs,
+    eos_ids: set[int],
+    banned: torch.Tensor | None,
 ) -> None:
     """Samples `request` to its end, handing each token to its events (`Request.record`);
-    `model` and `extra` are the adapter table's for its adapter."""
+    `model` and `extra` are the adapter table's for its adapter; `banned` ids are never
+    sampled (`agents.vision.markup_ids`)."""
     ids = torch.tensor([request.prompt_ids])
     mask = torch.ones_like(ids)
     inputs = forward_inputs(model, ids, mask, pixels)
     position = inputs["position_ids"][:, :, -1:]
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **inputs, **extra)
     while not request.cancelled:
-        logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        logprobs = torch.log_softmax(masked_logits(out.logits[:, -1].float(), banned), dim=-1)
         token = pick_tokens(logprobs, [request.sampling], [request.generator])[0]
         if token is None:
             raise ValueError("the model's next-token distribution is not finite")

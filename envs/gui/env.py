@@ -167,8 +167,9 @@ class GUIEnv(AgentEnv):
         return self._tool_list
 
     def reference_agent(self) -> ScriptedAgent | None:
-        """MiniWoB++'s scripted solver of the task, where one is written."""
-        if self.task is None or self.task.name not in SOLVERS:
+        """MiniWoB++'s scripted solver of the task, where one is written; none for a
+        screenshot-only agent (the solvers read the element list and act by element id)."""
+        if self.task is None or self.task.name not in SOLVERS or self.observation == "screenshot":
             return None
         return ScriptedGUIAgent(self.task.name)
 

@@ -106,3 +106,17 @@ def test_size_and_count_limits():
         vision.decode_data_url(vision.data_url(png((300, 300), (1, 2, 3)) + b"x" * 200), limits)
     with pytest.raises(vision.BadImage, match="2 images in one request; at most 1"):
         vision.images_of(looking(png(), png()), vision.ImageLimits(max_images=1))
+
+
+def test_markup_tokens_are_never_sampled_nor_scored(tiny_vl):
+    model, tokenizer, _ = tiny_vl
+    banned = vision.markup_ids(model.config)
+    names = tokenizer.convert_ids_to_tokens(banned)
+    assert names == ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+    logits = torch.zeros(2, 8)
+    masked = vision.masked_logits(logits, torch.tensor([1, 5]))
+    logprobs = torch.log_softmax(masked, -1)
+    assert logprobs[0, 0] == pytest.approx(-1.791759) and logprobs[0, 1].exp() == 0
+    # finite, so an entropy's 0 x log 0 is 0: the entropy of 6 equal choices
+    assert float(-(logprobs.exp() * logprobs).sum(-1)[0]) == pytest.approx(1.791759)
+    assert vision.masked_logits(logits, None) is logits
