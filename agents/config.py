@@ -28,7 +28,8 @@ class ModelConfig:
     """The policy's base model."""
 
     name: str = "smollm2-135m"
-    """A name `agents.models.resolve` knows (tiny, smollm2-135m), a directory or a hub id."""
+    """A name `agents.models.resolve` knows (tiny, tiny-vl, smollm2-135m), a directory or a
+    hub id."""
 
 
 @dataclass

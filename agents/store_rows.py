@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from agents.store_images import ImageFiles
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnStatus, TurnType
 
 # Token ids as little-endian int32, log-probs as little-endian float64 (an exact round trip
@@ -54,20 +55,21 @@ def pack_logprobs(values: Sequence[float] | None) -> bytes | None:
     return _pack(values, _LOGPROBS)
 
 
-def turn_values(turn: Turn) -> tuple[Any, ...]:
+def turn_values(turn: Turn, images: ImageFiles) -> tuple[Any, ...]:
+    """A turn's row; its images are kept in `images`, the row references them."""
     judgement = turn.judgement
     return (
         turn.session_id,
         turn.index,
         str(turn.turn_type),
-        json.dumps(list(turn.prompt_messages)),
+        json.dumps(images.stash(turn.prompt_messages)),
         _pack(turn.prompt_token_ids, _IDS),
         _pack(turn.completion_token_ids, _IDS),
         _pack(turn.completion_logprobs, _LOGPROBS),
         json.dumps(turn.completion),
         turn.policy_version,
         json.dumps(list(turn.tools)),
-        to_json(None if turn.next_state is None else list(turn.next_state)),
+        to_json(None if turn.next_state is None else images.stash(turn.next_state)),
         turn.env_reward,
         to_json(None if judgement is None else list(judgement.votes)),
         None if judgement is None else judgement.score,
@@ -97,7 +99,8 @@ def _unpack_top(blob: bytes | None, typecode: str, tokens: int) -> tuple[tuple[A
     return tuple(flat[i : i + k] for i in range(0, len(flat), k))
 
 
-def turn_from_row(row: sqlite3.Row) -> Turn:
+def turn_from_row(row: sqlite3.Row, images: ImageFiles) -> Turn:
+    """A turn from its row, with the images it references read back from `images`."""
     judgement = None
     if row["votes"] is not None:
         judgement = Judgement(
@@ -115,7 +118,7 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
         session_id=row["session_id"],
         index=int(row["idx"]),
         turn_type=TurnType(row["turn_type"]),
-        prompt_messages=tuple(json.loads(row["prompt_messages"])),
+        prompt_messages=tuple(images.restore(json.loads(row["prompt_messages"]))),
         prompt_token_ids=_unpack_ids(row["prompt_token_ids"]),
         completion_token_ids=completion_ids,
         completion_logprobs=_unpack_logprobs(row["completion_logprobs"]) or (),
@@ -124,7 +127,7 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
         completion=json.loads(row["completion"]),
         policy_version=int(row["policy_version"]),
         tools=tuple(json.loads(row["tools"])),
-        next_state=None if next_state is None else tuple(json.loads(next_state)),
+        next_state=None if next_state is None else tuple(images.restore(json.loads(next_state))),
         env_reward=row["env_reward"],
         judgement=judgement,
         status=TurnStatus(row["status"]),
@@ -179,9 +182,10 @@ def export_features() -> Any:
     )
 
 
-def export_row(row: sqlite3.Row) -> dict[str, Any]:
-    """One turn's flat row, joined with its session, for analysis and SFT."""
-    turn = turn_from_row(row)
+def export_row(row: sqlite3.Row, images: ImageFiles) -> dict[str, Any]:
+    """One turn's flat row, joined with its session, for analysis and SFT (its images
+    inline again, as data URLs)."""
+    turn = turn_from_row(row, images)
     judgement = turn.judgement or Judgement()
     return {
         "seq": int(row["seq"]),

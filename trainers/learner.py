@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from agents import models
+from agents.vision import Pixels
 from trainers.advantages import truncated_importance_weights
 from trainers.checkpoints import (
     START_WEIGHTS,
@@ -54,6 +56,7 @@ from trainers.logprobs import (
     padded_tokens,
     shared_prefix_length,
     span_logprobs_at,
+    vision_logprobs_and_entropy,
 )
 from trainers.lora import activation_bytes, lora_model, memory_budget
 from trainers.losses import (
@@ -87,6 +90,8 @@ class Learner:
         self.config, self.run_dir, self.topk = config, Path(run_dir), topk
         """`topk`: the top-k distillation term of hinted samples (`trainers.topk`)."""
         self.model, self.device = lora_model(model_name, config)
+        self.pixels = Pixels(models.resolve(model_name)) if models.is_vision(model_name) else None
+        """A vision-language model's image processor, its outputs cached per image."""
         self.checkpointing = checkpointing_mode(config.gradient_checkpointing)
         self.memory_budget = memory_budget(config, self.device)
         """`gradient_checkpointing=auto`: the activations a pass may keep, in bytes."""
@@ -313,6 +318,14 @@ class Learner:
         self, batch: list[TrainSample], with_entropy: bool = True
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per sample of `batch`, its completion's log-probs (and entropies)."""
+        if self.pixels is not None:  # a vision-language model: a pass per sample
+            return vision_logprobs_and_entropy(
+                self.model.get_base_model(),
+                self.pixels,
+                batch,
+                self.config.logprob_chunk,
+                with_entropy,
+            )
         logprobs, entropies, _ = self._logprobs_at(batch, with_entropy)
         return logprobs, entropies
 
@@ -391,7 +404,8 @@ class Learner:
             return
         positions = padded_tokens(batch, self.config.share_prefix, self.config.pack_turns)
         dtype_bytes = next(self.model.parameters()).element_size()
-        needed = activation_bytes(positions, self.model.get_base_model().config, dtype_bytes)
+        text = self.model.get_base_model().config.get_text_config()  # a VL model: its LM
+        needed = activation_bytes(positions, text, dtype_bytes)
         self._checkpoint(needed > self.memory_budget)
 
     def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:

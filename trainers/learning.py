@@ -30,6 +30,8 @@ class TrainSample:
     """Top-k methods: the old student's k likeliest ids at each completion position."""
     top_logprobs: tuple[tuple[float, ...], ...] = ()
     """Their log-probs under the policy that sampled the turn."""
+    images: tuple[bytes, ...] = ()
+    """The prompt's images in order (a vision-language policy's): the pixels it saw."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from agents.vision import Pixels, forward_inputs, markup_ids, masked_logits
 from trainers.learning import TrainSample
 from trainers.losses import entropy
 
@@ -168,6 +169,51 @@ def span_logprobs_at(
         extras.append(None if extra is None else gathered[:, 1:])
         entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
     return logprobs, entropies, extras
+
+
+def vision_logprobs_and_entropy(
+    model: Any,
+    pixels: Pixels,
+    samples: Sequence[TrainSample],
+    chunk: int,
+    with_entropy: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`span_logprobs_and_entropy` for a vision-language model: each sample's completion
+    scored in a pass of its own, with its images' pixels and M-RoPE positions built as the
+    engine built them (`agents.vision.forward_inputs`), the pixels preprocessed once per
+    image (`Pixels` caches them). No packing or prefix sharing: two prompts with the same
+    ids may hold different images."""
+    device = model.get_output_embeddings().weight.device
+    head = _MaskedHead(model.get_output_embeddings(), torch.tensor(markup_ids(model.config)))
+    gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
+    logprobs, entropies = [], []
+    for sample in samples:
+        ids = torch.tensor([[*sample.prompt_ids, *sample.completion_ids]], device=device)
+        inputs = forward_inputs(model, ids, torch.ones_like(ids), pixels(sample.images))
+        hidden = model.model(input_ids=ids, **inputs).last_hidden_state[0]
+        start, end = len(sample.prompt_ids), ids.shape[1]
+        targets, states = ids[0, start:end], hidden[start - 1 : end - 1]
+        pieces = [
+            checkpoint(
+                gather, head, states[i : i + chunk], targets[i : i + chunk], use_reentrant=False
+            )
+            for i in range(0, len(targets), chunk)
+        ]
+        logprobs.append(torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0))
+        entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
+    return logprobs, entropies
+
+
+class _MaskedHead(torch.nn.Module):
+    """The output projection with a VL model's markup tokens at -inf, as the engine samples
+    (`agents.vision.markup_ids`)."""
+
+    def __init__(self, head: torch.nn.Module, banned: torch.Tensor):
+        super().__init__()
+        self.head, self.banned = head, banned
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return masked_logits(self.head(states), self.banned)
 
 
 def _gather_logprobs(

@@ -28,6 +28,7 @@ import torch
 
 from agents.config import EnvConfig
 from agents.trajectory import Message, Session, Turn
+from agents.vision import images_of
 from trainers.advantages import (
     combine_advantages,
     group_baseline,
@@ -161,6 +162,7 @@ def _sample(seq: int, turn: Turn, advantages: torch.Tensor) -> TrainSample:
         rollout_logprobs=turn.completion_logprobs,
         advantages=tuple(advantages.tolist()),
         policy_version=turn.policy_version,
+        images=tuple(images_of(turn.prompt_messages)),
     )
 
 

@@ -62,7 +62,8 @@ from agents.engines.base import SamplingParams
 from agents.engines.kv_layout import add_rows, drop_rows, row_kv, trim_columns, with_prefixes
 from agents.engines.lora_slots import AdapterTable, drop_row_hooks
 from agents.engines.prefix_cache import Key, PrefixCache
-from agents.engines.sampling import pick_tokens
+from agents.engines.sampling import pick_tokens, top_logprobs
+from agents.vision import masked_logits
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ class Scheduler:
         max_batch: most sequences decoded together.
         threads: torch CPU threads of the scheduler thread (None: torch's default).
         prefix_tokens: most tokens whose KV the prefix cache holds (0: no prefix reuse).
+        banned: token ids never sampled (a vision-language model's markup,
+            `agents.vision.markup_ids`), None for none.
     """
 
     def __init__(
@@ -142,10 +145,12 @@ class Scheduler:
         max_batch: int = 32,
         threads: int | None = None,
         prefix_tokens: int = 0,
+        banned: torch.Tensor | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model, self.eos_ids, self.max_batch, self.threads = model, eos_ids, max_batch, threads
+        self.banned = banned
         self.prefixes = PrefixCache(prefix_tokens)
         """Scheduler thread only."""
         self.prompt_tokens = 0
@@ -201,14 +206,18 @@ class Scheduler:
                     request.retired = True
                     self.adapters.unbind(request.adapter)
 
-    def call(self, job: Callable[[], T]) -> T:
-        """Runs `job` on the scheduler thread between two steps; returns its result."""
+    def post(self, job: Callable[[], T]) -> Future[T]:
+        """Queues `job` to run on the scheduler thread between two steps."""
         future: Future[T] = Future()
         with self._cond:
             self._check_open()
             self._jobs.append((job, future))
             self._wake()
-        return future.result()
+        return future
+
+    def call(self, job: Callable[[], T]) -> T:
+        """Runs `job` on the scheduler thread between two steps; returns its result."""
+        return self.post(job).result()
 
     def close(self) -> None:
         """Stops the thread; requests still running end with an error."""
@@ -367,7 +376,8 @@ class Scheduler:
             if "adapter_names" in extra:
                 drop_row_hooks(model)
             raise
-        return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.past_key_values
+        logits = masked_logits(out.logits[:, -1].float(), self.banned)
+        return torch.log_softmax(logits, dim=-1), out.past_key_values
 
     def _live_keys(self) -> set[Key]:
         """Prefix-cache keys a request can still bind: the base model and the policy now."""
@@ -403,7 +413,7 @@ class Scheduler:
         rows = batch.rows
         picked = pick_tokens(logprobs, [r.sampling for r in rows], [r.generator for r in rows])
         chosen = logprobs[torch.arange(len(rows)), torch.tensor([t or 0 for t in picked])].tolist()
-        tops = _top_logprobs(logprobs, [r.sampling.top_logprobs for r in rows])
+        tops = top_logprobs(logprobs, [r.sampling.top_logprobs for r in rows])
         last, done = [], []
         for request, token, logprob, top in zip(rows, picked, chosen, tops, strict=True):
             try:
@@ -418,18 +428,6 @@ class Scheduler:
             done.append(finished)
         batch.last = last
         return done
-
-
-def _top_logprobs(logprobs: torch.Tensor, ks: list[int]) -> list[Any]:
-    """Each row's k likeliest ids and log-probs, (ids, log-probs) likeliest first, or None
-    where its request asks for none: one `topk` for the batch, none when no row asks."""
-    if not (most := max(ks)):
-        return [None] * len(ks)
-    values, indices = logprobs.topk(most, dim=-1)
-    values, indices = values.tolist(), indices.tolist()
-    return [
-        (tuple(indices[row][:k]), tuple(values[row][:k])) if k else None for row, k in enumerate(ks)
-    ]
 
 
 def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:

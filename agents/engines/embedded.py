@@ -11,6 +11,11 @@ copies the new weights into a preallocated slot (`agents.engines.lora_slots`).
 Attention is transformers' sdpa without its copy of grouped KV heads at each step
 (`agents.engines.attention`).
 
+A vision-language model (`agents.models.is_vision`) takes image parts: a request with images
+runs alone between two steps of the batch (`agents.engines.vision_decode` says why), its
+placeholders expanded and its pixels preprocessed by `agents.vision`; the ids it returns are
+the expanded prompt the model ran on. A text model refuses images (a `ValueError`).
+
 Log-probs are the model's raw ones (log-softmax of the logits at temperature 1, before
 temperature and top-p), as vLLM reports them by default, so that the learner's recomputed
 log-probs are comparable with the rollout's.
@@ -31,7 +36,7 @@ from typing import Any
 
 import torch
 
-from agents import models
+from agents import models, vision
 from agents.config import PREFIX_CACHE_TOKENS
 from agents.engines import template
 from agents.engines.aio import LoopSink
@@ -50,6 +55,7 @@ from agents.engines.base import (
 )
 from agents.engines.batching import END, EventSink, Request, Scheduler
 from agents.engines.char_bound import char_bound, request_chars
+from agents.engines.vision_decode import decode_alone
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +89,20 @@ class EmbeddedEngine:
             raise ValueError(f"context_length must be at least 2, got {context_length}")
         self.model_name = model
         self.model, self.tokenizer = models.load(model)
+        self.pixels = vision.Pixels(models.resolve(model)) if models.is_vision(model) else None
+        """The image processor of a vision-language model, its outputs cached per image."""
         use_grouped_sdpa(self.model)  # no copy of the KV cache per decode step
-        self.context_length = context_length or int(self.model.config.max_position_embeddings)
+        self.context_length = context_length or int(
+            self.model.config.get_text_config().max_position_embeddings
+        )
         self._char_bound = char_bound(self.tokenizer)
         self._scheduler = Scheduler(
-            self.model, self._eos_ids(), max_batch, threads, prefix_cache_tokens
+            self.model,
+            self._eos_ids(),
+            max_batch,
+            threads,
+            prefix_cache_tokens,
+            torch.tensor(vision.markup_ids(self.model.config)) if self.pixels else None,
         )
 
     @property
@@ -139,8 +154,11 @@ class EmbeddedEngine:
         sampling = sampling or SamplingParams()
         check_adapter(adapter, "embedded engine")
         self._refuse_overlong(messages, tools)
-        prompt_ids = self.encode(messages, tools)
+        images = vision.images_of(messages)
+        prompt_ids = self.encode(messages, tools, images)
         room = completion_room(len(prompt_ids), self.context_length)
+        if images:
+            return self._submit_alone(prompt_ids, sampling, room, adapter, events, images)
         return self._scheduler.submit(
             prompt_ids,
             sampling,
@@ -149,6 +167,45 @@ class EmbeddedEngine:
             use_policy=adapter == POLICY,
             events=events,
         )
+
+    def _submit_alone(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        room: int,
+        adapter: str | None,
+        events: EventSink,
+        images: list[bytes],
+    ) -> Request:
+        """Queues a prompt with images to run alone (`agents.engines.vision_decode`)."""
+        assert self.pixels is not None  # `encode` refused images without a processor
+        pixels = self.pixels(images)
+        assert pixels is not None
+        slot, version = self._scheduler.bind_policy() if adapter == POLICY else (None, 0)
+        generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+        request = Request(
+            prompt_ids,
+            sampling,
+            min(sampling.max_tokens, room),
+            self._stop_check(sampling.stop),
+            slot,
+            version,
+            events,
+            generator,
+        )
+
+        def run() -> None:  # on the scheduler thread
+            try:
+                model, extra = self._scheduler.adapters.lora_model([slot])
+                decode_alone(model, extra, request, pixels, self._eos_ids(), self._scheduler.banned)
+            except Exception as error:
+                logger.exception("sampling a request with images failed")
+                events.put(error)
+            finally:
+                self._scheduler.release(slot)
+
+        self._scheduler.post(run)
+        return request
 
     def _refuse_overlong(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None
@@ -266,10 +323,25 @@ class EmbeddedEngine:
         )
 
     def encode(
-        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None = None,
+        images: Sequence[bytes] | None = None,
     ) -> list[int]:
-        """Prompt token ids of a conversation, ending with the assistant's generation prompt."""
-        return template.encode(self.tokenizer, messages, tools)
+        """Prompt token ids of a conversation, ending with the assistant's generation prompt;
+        each image's placeholder expanded to its tokens (`images`: the messages' images,
+        decoded, when the caller has them)."""
+        ids = template.encode(self.tokenizer, messages, tools)
+        images = vision.images_of(messages) if images is None else images
+        if not images:
+            return ids
+        if self.pixels is None:
+            raise ValueError(
+                f"the model {self.model_name!r} takes no images: serve a vision-language "
+                "model (model=tiny-vl, or a Qwen-VL checkpoint) or send text only"
+            )
+        counts = self.pixels.token_counts(self.pixels(images))
+        return vision.expand(ids, self.model.config.image_token_id, counts)
 
     def score(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -91,3 +92,15 @@ def sampling_weights(
         ordered[drop] = 0.0
         probs = torch.zeros_like(probs).scatter(-1, order, ordered)
     return probs
+
+
+def top_logprobs(logprobs: torch.Tensor, ks: list[int]) -> list[Any]:
+    """Each row's k likeliest ids and log-probs, (ids, log-probs) likeliest first, or None
+    where its request asks for none: one `topk` for the batch, none when no row asks."""
+    if not (most := max(ks)):
+        return [None] * len(ks)
+    values, indices = logprobs.topk(most, dim=-1)
+    values, indices = values.tolist(), indices.tolist()
+    return [
+        (tuple(indices[row][:k]), tuple(values[row][:k])) if k else None for row, k in enumerate(ks)
+    ]

@@ -7,8 +7,13 @@ no "0.5" for a number nor `true` for an integer (an integer is a number). Unknow
 are accepted and ignored: clients send vendor fields, and the proxy's own session fields
 ride in the body (`agents.serving.identity.identify`).
 
-What this server does not do is refused, not ignored: content parts other than text
-(images, audio, files: the chat template would drop them, unseen by the model),
+Images: a user, system or tool message may carry `image_url` parts whose URL is a PNG or JPEG
+data URL (`agents.vision`); a remote URL is refused (the proxy fetches nothing), and the
+proxy checks their size and count (`agents.serving.proxy.ProxyConfig`). A model that takes
+no images refuses them at the engine (400).
+
+What this server does not do is refused, not ignored: content parts other than text and
+images (audio, files: the chat template would drop them, unseen by the model),
 `response_format` other than text, a non-empty `logit_bias`, a non-zero
 `frequency_penalty` or `presence_penalty`, audio output.
 
@@ -34,10 +39,13 @@ from pydantic import (
     StrictInt,
     ValidationInfo,
     field_validator,
+    model_validator,
     with_config,
 )
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
+
+from agents.vision import SIGNATURES
 
 
 class _Open(BaseModel):
@@ -94,8 +102,7 @@ def _named_function(choice: Any) -> str | None:
 
 
 class TextPart(_Open):
-    """A content part. This server takes text only: the chat template renders nothing
-    else, so an image or audio part would never reach the model."""
+    """A text content part (an assistant's content takes no other)."""
 
     type: str
     text: str
@@ -110,7 +117,54 @@ class TextPart(_Open):
         return kind
 
 
-Content = str | Annotated[list[TextPart], Field(min_length=1)]
+class ImageURL(_Open):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _inline(cls, url: str) -> str:
+        if not url.startswith("data:"):
+            raise _unsupported(
+                "an image by URL",
+                "it fetches nothing; send the image inline as a data URL "
+                "(data:image/png;base64,...)",
+            )
+        kind = url[5:].partition(";")[0]
+        if kind not in SIGNATURES:
+            raise _unsupported(f"an image of type {kind!r}", "send image/png or image/jpeg")
+        return url
+
+
+class Part(_Open):
+    """A content part: text, or an image as a data URL. The chat template renders nothing
+    else, so an audio or file part would never reach the model."""
+
+    type: str
+    text: str | None = None
+    image_url: ImageURL | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, kind: str) -> str:
+        if kind not in ("text", "image_url"):
+            raise _unsupported(
+                f"content of type {kind!r}",
+                'it takes text and images, {"type": "text", "text": ...} or '
+                '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}',
+            )
+        return kind
+
+    @model_validator(mode="after")
+    def _complete(self) -> Part:
+        if self.type == "text" and self.text is None:
+            raise _refused('a text part needs "text"')
+        if self.type == "image_url" and self.image_url is None:
+            raise _refused('an image part needs "image_url": {"url": ...}')
+        return self
+
+
+Content = str | Annotated[list[Part], Field(min_length=1)]
 """What a system, developer, user or tool message says."""
 
 
@@ -131,7 +185,7 @@ class _Message(_Open):
 
     def for_engine(self) -> dict[str, Any]:
         """The message as the chat template takes it (`developer` is a system message)."""
-        message = self.model_dump(exclude_none=True)
+        message = self.model_dump(exclude_none=True)  # a part keeps only its own fields
         if self.role == "developer":
             message["role"] = "system"
         return message

@@ -27,6 +27,7 @@ from agents.serving.chat_request import ChatRequest
 from agents.serving.http_protocol import CONNECTION_LOST
 from agents.serving.identity import SessionEnded, SessionInfo, SessionNotOwned
 from agents.serving.proxy import Proxy
+from agents.vision import BadImage, images_of
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,10 @@ class ChatTurn:
     def __init__(self, proxy: Proxy, chat: ChatRequest, info: SessionInfo, adapter: str | None):
         self.proxy, self.chat, self.info, self.adapter = proxy, chat, info, adapter
         self.messages = [m.for_engine() for m in chat.messages]
+        try:  # decoded here for their limits; the engine and the store decode them again
+            images_of(self.messages, proxy.config.image_limits())
+        except BadImage as error:
+            raise api.ApiError(400, str(error), param="messages", code="invalid_image") from None
         self.tools = chat.tool_schemas()
         self.id = f"chatcmpl-{secrets.token_hex(16)}"
         self.created = int(time.time())

@@ -39,6 +39,7 @@ from agents.serving.identity import (
 from agents.serving.sessions import SessionTracker
 from agents.store import Store
 from agents.trajectory import TurnType
+from agents.vision import ImageLimits
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,13 @@ class ProxyConfig:
     top_logprobs: int = 0
     """Top-k log-probs every sampled turn keeps at each position, whatever its client asks
     for (the top-k methods train on them; 0: none)."""
+    max_image_bytes: int = 4 << 20
+    """Largest image a request may carry (decoded); larger is a 400 (`invalid_image`)."""
+    max_images: int = 16
+    """Most images one request's messages may carry; more is a 400 (`invalid_image`)."""
+
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_image_bytes, self.max_images)
 
     def __post_init__(self) -> None:
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:

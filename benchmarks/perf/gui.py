@@ -51,7 +51,9 @@ class ClawgymDriver:
 
     def __init__(self, task: str, reuse_page: bool = True, screenshot: bool = False):
         self.task_id = f"miniwob/{task}"
-        self.env = GUIEnv(tasks=[task], reuse_page=reuse_page, screenshot=screenshot)
+        self.env = GUIEnv(
+            tasks=[task], reuse_page=reuse_page, observation="both" if screenshot else "dom"
+        )
         self.action = {
             "role": "assistant",
             "content": None,

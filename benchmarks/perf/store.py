@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.store import _SCHEMA, Store
+from agents.store_images import ImageFiles
 from agents.store_rows import turn_values
 from agents.trajectory import Session, Turn, TurnType
 
@@ -74,7 +75,7 @@ def rollback_journal_writes(path: Path, turns: int, tokens: int) -> float:
     for index in range(turns):
         db.execute(
             f"INSERT INTO turns ({columns}) VALUES ({', '.join('?' * 18)})",
-            turn_values(make_turn("s", index, tokens)),
+            turn_values(make_turn("s", index, tokens), ImageFiles(path.with_suffix(".images"))),
         )
     elapsed = time.perf_counter() - started
     db.close()

@@ -1,10 +1,13 @@
 """`clawgym/GUI-v0`: MiniWoB++'s task pages in a real Chromium, driven through tools.
 
-An episode is one MiniWoB++ task page with one seed. The agent reads the instruction and a
-text rendering of the visible page (`envs.gui.render`), optionally with a screenshot, and
-acts with tools: `click`, `type_text`, `press_key`, `select_option`, `scroll`,
-`click_at` and `wait`. After every assistant message it sees the tools' results and then the page
-again. The episode ends when the page ends it; the reward is the page's own raw reward
+An episode is one MiniWoB++ task page with one seed. The agent reads the instruction and,
+by `observation`, a text rendering of the visible page (`dom`, `envs.gui.render`), a PNG
+screenshot of it as an OpenAI `image_url` part (`screenshot`), or both, and acts with tools:
+on elements by id (`click`, `type_text`, `select_option`) where it sees the rendering, on
+pixels of the screenshot (`click_at`, `type_keys` into what has focus) everywhere, and
+`press_key`, `scroll`, `wait`. A screenshot-only agent is shown only the tools it can aim.
+After every assistant message it sees the tools' results and then the page again. The
+episode ends when the page ends it; the reward is the page's own raw reward
 (`WOB_RAW_REWARD_GLOBAL`: 1 for success, -1 for failure, partial credit on a few tasks).
 A do-nothing agent runs out of turns with reward 0.
 
@@ -45,6 +48,14 @@ SYSTEM_PROMPT = (
     "pixel coordinates of the screenshot, or wait for the page. The episode ends when the "
     "task is done."
 )
+SCREENSHOT_PROMPT = (
+    "You operate a web page in a browser to complete the task stated with each screenshot "
+    "of the page. Act with the tools: click at x, y pixel coordinates of the screenshot "
+    "(from its top-left corner), type text into whatever has focus (click a field first), "
+    "press a key, scroll, or wait for the page. The episode ends when the task is done."
+)
+Observation = Literal["dom", "screenshot", "both"]
+OBSERVATIONS = ("dom", "screenshot", "both")
 Direction = Literal["up", "down", "left", "right"]
 MAX_WAIT_SECONDS = 5.0
 _SCROLL = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
@@ -58,10 +69,12 @@ class GUIEnv(AgentEnv):
             held-out seeds); see `envs.gui.tasks`.
         tasks: task names to draw from, all in `split`; None draws from the whole split.
         max_turns: assistant messages allowed per episode.
-        screenshot: add a PNG screenshot of the task area to every page view, as an image
-            part of the message (OpenAI multimodal format).
-        screenshot_scale: device pixels per CSS pixel of the screenshot; `click_at` takes
-            screenshot pixels.
+        observation: what each page view shows: "dom", the text rendering of its elements;
+            "screenshot", a PNG of the task area as an image part of the message (OpenAI
+            multimodal format, for a vision-language policy), with only the pixel tools;
+            "both".
+        screenshot_scale: the screenshot's size, in device pixels per CSS pixel of the
+            160 x 210 task area (2: 320 x 420); `click_at` takes screenshot pixels.
         reuse_page: when the next episode is the same task, restart the loaded page in place
             as MiniWoB's own environment does (a reset in tens of milliseconds) instead of
             loading it afresh. Pages that keep state across restarts (`stateful` in the task
@@ -79,13 +92,15 @@ class GUIEnv(AgentEnv):
         split: str = "train",
         tasks: Sequence[str] | None = None,
         max_turns: int = 12,
-        screenshot: bool = False,
+        observation: Observation = "dom",
         screenshot_scale: float = 1.0,
         reuse_page: bool = True,
         episode_seconds: float | None = None,
         timeout: float = 30.0,
     ):
         super().__init__(max_turns=max_turns)
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
         if screenshot_scale <= 0:
             raise ValueError(f"screenshot_scale must be positive, got {screenshot_scale}")
         if episode_seconds is not None and not 0 < episode_seconds * 1000 < NO_TIME_LIMIT_MS:
@@ -93,7 +108,8 @@ class GUIEnv(AgentEnv):
         self.split = split
         self.task_set = load_split(split, tuple(tasks) if tasks is not None else None)
         self.tasks = self.task_set.by_id()
-        self.screenshot = screenshot
+        self.observation = observation
+        self.screenshot = observation != "dom"
         self.reuse_page = reuse_page
         self.episode_ms = NO_TIME_LIMIT_MS if episode_seconds is None else episode_seconds * 1000
         self.timeout = timeout
@@ -107,18 +123,10 @@ class GUIEnv(AgentEnv):
         self._requested_seed: int | None = None
         self._blocked_at_reset = 0
         self._crashed = False
-        self._tool_list = tuple(
-            Tool.from_function(f)
-            for f in (
-                self.click,
-                self.type_text,
-                self.press_key,
-                self.select_option,
-                self.scroll,
-                self.click_at,
-                self.wait,
-            )
-        )
+        by_element = (self.click, self.type_text, self.select_option)
+        on_pixels = (self.click_at, self.type_keys, self.press_key, self.scroll, self.wait)
+        shown = on_pixels if observation == "screenshot" else by_element + on_pixels
+        self._tool_list = tuple(Tool.from_function(f) for f in shown)
 
     # -- AgentEnv hooks ------------------------------------------------------------------
     def task_ids(self) -> Sequence[str]:
@@ -152,14 +160,16 @@ class GUIEnv(AgentEnv):
         self._fresh_view = True
 
     def _first_messages(self) -> list[Message]:
-        return [{"role": "system", "content": SYSTEM_PROMPT}, self._page_message()]
+        prompt = SCREENSHOT_PROMPT if self.observation == "screenshot" else SYSTEM_PROMPT
+        return [{"role": "system", "content": prompt}, self._page_message()]
 
     def _tools(self) -> Sequence[Tool]:
         return self._tool_list
 
     def reference_agent(self) -> ScriptedAgent | None:
-        """MiniWoB++'s scripted solver of the task, where one is written."""
-        if self.task is None or self.task.name not in SOLVERS:
+        """MiniWoB++'s scripted solver of the task, where one is written; none for a
+        screenshot-only agent (the solvers read the element list and act by element id)."""
+        if self.task is None or self.task.name not in SOLVERS or self.observation == "screenshot":
             return None
         return ScriptedGUIAgent(self.task.name)
 
@@ -252,6 +262,16 @@ class GUIEnv(AgentEnv):
             y: pixels from the screenshot's top edge.
         """
         return self._run_step(self._click_at(x, y))
+
+    def type_keys(self, text: str) -> ToolResult:
+        """Types text with the keyboard into whatever has focus (click a field first).
+
+        Args:
+            text: the text to type.
+        """
+        if not text:
+            raise ToolCallError("text must not be empty")
+        return self._run_step(self._type_keys(text))
 
     def wait(self, seconds: float) -> ToolResult:
         """Waits, for pages that change on their own (delayed buttons, suggestions).
@@ -347,6 +367,10 @@ class GUIEnv(AgentEnv):
         await self._guard(self._live_page().page.mouse.click(x / scale, y / scale))
         return await self._after(f"clicked at ({x:g}, {y:g})")
 
+    async def _type_keys(self, text: str) -> ToolResult:
+        await self._guard(self._live_page().page.keyboard.type(text))
+        return await self._after(f"typed {len(text)} characters")
+
     async def _wait(self, seconds: float) -> ToolResult:
         await asyncio.sleep(seconds)
         return await self._after(f"waited {seconds:g} s")
@@ -410,7 +434,7 @@ class GUIEnv(AgentEnv):
             self.view = view_from_js(self._run(self._guard(page.call("observe", 0))))
         assert self.view is not None
         shot = self._run(self._guard(self._live_page().screenshot())) if self.screenshot else None
-        return page_message(self.view, shot)
+        return page_message(self.view, shot, elements=self.observation != "screenshot")
 
 
 def _ended(view: PageView) -> str:

@@ -93,10 +93,10 @@ def render_page(view: PageView) -> str:
     return "\n".join(lines)
 
 
-def page_message(view: PageView, screenshot: bytes | None = None) -> Message:
-    """A user message with the rendered page and, when given, a PNG screenshot as an
-    image part in the OpenAI multimodal format."""
-    text = render_page(view)
+def page_message(view: PageView, screenshot: bytes | None = None, elements: bool = True) -> Message:
+    """A user message with the rendered page (only its instruction without `elements`)
+    and, when given, a PNG screenshot as an image part in the OpenAI multimodal format."""
+    text = render_page(view) if elements else f"Task: {view.utterance}"
     if screenshot is None:
         return {"role": "user", "content": text}
     url = "data:image/png;base64," + base64.b64encode(screenshot).decode("ascii")

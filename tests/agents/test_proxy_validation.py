@@ -14,7 +14,8 @@ import pytest
 from tests.agents.serving import served_client
 from tests.agents.test_proxy_tools import REPLY, TOOLS, USER, ScriptedEngine
 
-IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+REMOTE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
 SEARCH = {"type": "function", "function": {"name": "search"}}
 
 
@@ -45,9 +46,13 @@ BAD = {
         {"messages": [*USER, {"role": "tool", "content": "4"}]},
         "messages[1].tool_call_id",
     ),
-    "an image": (
-        {"messages": [{"role": "user", "content": [IMAGE]}]},
+    "an audio part": (
+        {"messages": [{"role": "user", "content": [AUDIO]}]},
         "messages[0].content[0].type",
+    ),
+    "an image by URL": (
+        {"messages": [{"role": "user", "content": [REMOTE]}]},
+        "messages[0].content[0].image_url.url",
     ),
     "empty content": ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
     "json output": ({"response_format": {"type": "json_object"}}, "response_format"),

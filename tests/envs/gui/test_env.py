@@ -28,6 +28,7 @@ def test_reset_shows_the_instruction_and_the_visible_page_with_ids(gui_env):
     assert {t["function"]["name"] for t in info["tools"]} == {
         "click",
         "type_text",
+        "type_keys",
         "press_key",
         "select_option",
         "scroll",
@@ -174,7 +175,7 @@ def test_idle_agent_earns_nothing_and_runs_out_of_turns():
 
 
 def test_screenshot_is_a_png_of_the_task_area_at_the_chosen_scale():
-    env = GUIEnv(tasks=["click-test"], screenshot=True, screenshot_scale=2.0)
+    env = GUIEnv(tasks=["click-test"], observation="both", screenshot_scale=2.0)
     try:
         observation, _ = env.reset(seed=0)
         text, image = observation[1]["content"]
@@ -187,6 +188,42 @@ def test_screenshot_is_a_png_of_the_task_area_at_the_chosen_scale():
         assert env.step(call("click_at", x=2 * x, y=2 * y))[1] == 1.0
     finally:
         env.close()
+
+
+def test_screenshot_only_agent_sees_the_instruction_and_a_png_and_acts_on_pixels():
+    env = GUIEnv(tasks=["click-test", "enter-text"], observation="screenshot")
+    try:
+        observation, info = env.reset(seed=0, options={"task_id": "miniwob/click-test"})
+        assert {t["function"]["name"] for t in info["tools"]} == {
+            "click_at",
+            "type_keys",
+            "press_key",
+            "scroll",
+            "wait",
+        }
+        assert "click at x, y" in observation[0]["content"]
+        text, image = observation[1]["content"]
+        assert text == {"type": "text", "text": "Task: Click the button."}  # no element list
+        assert image["image_url"]["url"].startswith("data:image/png;base64,iVBORw0KGgo")
+        x, y = button_centre(env)
+        assert env.step(call("click_at", x=x, y=y))[1] == 1.0
+        # typing into the focused field, by pixels only, solves enter-text
+        env.reset(seed=0, options={"task_id": "miniwob/enter-text"})
+        utterance = env.view.utterance
+        word = utterance[utterance.index('"') + 1 : utterance.rindex('"')]
+        field = next(e for e in env.view.elements if e.tag == "input")
+        button = next(e for e in env.view.elements if e.tag == "button")
+        spot, target = (env._run(env._page.call("locate", e.id)) for e in (field, button))
+        env.step(call("click_at", x=spot["x"], y=spot["y"]))
+        env.step(call("type_keys", text=word))
+        assert env.step(call("click_at", x=target["x"], y=target["y"]))[1] > 0
+    finally:
+        env.close()
+
+
+def test_unknown_observation_is_a_clear_error():
+    with pytest.raises(ValueError, match="observation must be one of"):
+        GUIEnv(observation="pixels")
 
 
 def test_the_pages_own_time_limit_ends_the_episode_when_asked_for():

@@ -27,3 +27,10 @@ def test_screenshot_becomes_an_openai_image_part():
     message = page_message(view, b"\x89PNG")
     assert message["content"][0] == {"type": "text", "text": "Task: Do it.\nPage:"}
     assert message["content"][1]["image_url"]["url"] == "data:image/png;base64,iVBORw=="
+
+
+def test_screenshot_only_view_keeps_the_instruction_and_drops_the_elements():
+    view = PageView("Do it.", (Element(1, 0, "button", "Go", {}),), False, 0.0, None)
+    message = page_message(view, b"\x89PNG", elements=False)
+    assert message["content"][0] == {"type": "text", "text": "Task: Do it."}
+    assert message["content"][1]["type"] == "image_url"
