@@ -318,14 +318,6 @@ class Learner:
         self, batch: list[TrainSample], with_entropy: bool = True
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per sample of `batch`, its completion's log-probs (and entropies)."""
-        if self.pixels is not None:  # a vision-language model: a pass per sample
-            return vision_logprobs_and_entropy(
-                self.model.get_base_model(),
-                self.pixels,
-                batch,
-                self.config.logprob_chunk,
-                with_entropy,
-            )
         logprobs, entropies, _ = self._logprobs_at(batch, with_entropy)
         return logprobs, entropies
 
@@ -337,6 +329,17 @@ class Learner:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
         """`_logprobs_and_entropy`, and each sample's log-probs at its `extra_ids`."""
         extra_ids = extra_ids or [None] * len(batch)
+        if self.pixels is not None:  # a vision-language model: a pass per sample
+            if any(ids is not None for ids in extra_ids):
+                raise ValueError("the top-k methods do not take a vision-language model yet")
+            logprobs, entropies = vision_logprobs_and_entropy(
+                self.model.get_base_model(),
+                self.pixels,
+                batch,
+                self.config.logprob_chunk,
+                with_entropy,
+            )
+            return logprobs, entropies, list(extra_ids)
         groups = packed_turns(batch) if self.config.pack_turns else [[i] for i in range(len(batch))]
         sequences = [
             list(batch[g[0]].prompt_ids) + list(batch[g[0]].completion_ids) for g in groups

@@ -195,11 +195,15 @@ def vision_logprobs_and_entropy(
         targets, states = ids[0, start:end], hidden[start - 1 : end - 1]
         pieces = [
             checkpoint(
-                gather, head, states[i : i + chunk], targets[i : i + chunk], use_reentrant=False
+                gather,
+                head,
+                states[i : i + chunk],
+                targets[i : i + chunk, None],
+                use_reentrant=False,
             )
             for i in range(0, len(targets), chunk)
         ]
-        logprobs.append(torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0))
+        logprobs.append(torch.cat([p[0][:, 0] for p in pieces]) if pieces else torch.zeros(0))
         entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
     return logprobs, entropies
 
