@@ -61,9 +61,9 @@ class MethodConfig:
     """combine, topk_*, oel: weight of the distillation term."""
     w_rl: float = 1.0
     """combine, topk_combine: weight of the reward term (topk_opd: 0)."""
-    diff_clip: float | None = None
+    diff_clip: float | None = 1.0
     """opd, combine: the teacher - rollout difference is clamped to [-diff_clip, diff_clip]
-    (None: unclipped; docs/training.md has the measurement behind the default)."""
+    (null: unclipped; docs/training.md has the measurement behind the default)."""
     k: int = 4
     """topk_*: the size of each position's token set S_t (the old student's top-k)."""
     subset: str = "student"

@@ -1,5 +1,6 @@
 """Learner memory and speed: LoRA steps at batch x tokens on a real model, ours against a
-plain peft step (full logits, cross-entropy over the whole vocabulary) as the baseline.
+plain peft step (full logits, cross-entropy over the whole vocabulary) as the baseline, and
+a step with the top-k OPD term (`method=topk_opd`: the hinted teacher's extra pass).
 
     python -m benchmarks.perf.learner [--model smollm2-135m] [--batch 8] [--tokens 512]
         [--prefix 0]
@@ -43,9 +44,18 @@ CASES = (
     "learner, mmap threshold 1 MiB",
     "learner, no checkpointing",
     "learner, checkpointing",
+    "learner, top-k OPD (k=4, teacher pass)",
 )
-GPU_CASES = (CASES[0], CASES[1], CASES[3], CASES[4])  # glibc's malloc holds no GPU memory
-CHECKPOINTING = {CASES[1]: "auto", CASES[2]: "auto", CASES[3]: "false", CASES[4]: "true"}
+GPU_CASES = (CASES[0], CASES[1], CASES[3], CASES[4], CASES[5])  # glibc's malloc holds no GPU memory
+CHECKPOINTING = {
+    CASES[1]: "auto",
+    CASES[2]: "auto",
+    CASES[3]: "false",
+    CASES[4]: "true",
+    CASES[5]: "auto",
+}
+HINT_TOKENS = 24
+"""The top-k case: a hint of this many tokens lengthens each turn's teacher prompt."""
 
 # Published architectures (their config.json fields), built with random weights by --shape.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -156,12 +166,16 @@ def _learner_steps(
     mmap_threshold_kb: int,
     device: str,
     steps: int,
+    topk: bool = False,
 ) -> float:
     """Seconds per step of `Learner.step` on `batch` turns of `tokens` (half prompt, its
-    first `prefix` tokens the same in every turn)."""
+    first `prefix` tokens the same in every turn); `topk`: every turn hinted, with the
+    top-k OPD term (`trainers.topk`: the teacher's pass over the hinted prompt and the
+    completion, and the current log-probs at each position's 4 ids)."""
     from trainers.config import TrainerConfig
     from trainers.learner import Learner
     from trainers.learning import TrainSample
+    from trainers.topk import TopKSettings
 
     config = TrainerConfig(
         gradient_checkpointing=checkpointing,
@@ -170,8 +184,10 @@ def _learner_steps(
         device=device,
     )
     with tempfile.TemporaryDirectory() as run_dir:
-        learner = Learner(model_name, config, Path(run_dir))
+        learner = Learner(model_name, config, Path(run_dir), TopKSettings() if topk else None)
         half = max(tokens // 2, prefix + 1)
+        generator = torch.Generator().manual_seed(1)
+        hint = _random_ids(HINT_TOKENS, generator)
         samples = [
             TrainSample(
                 seq=i,
@@ -180,6 +196,9 @@ def _learner_steps(
                 rollout_logprobs=tuple([-2.0] * (tokens - half)),
                 advantages=tuple([1.0 if i % 2 else -1.0] * (tokens - half)),
                 policy_version=0,
+                teacher_prompt_ids=row[:half] + hint if topk else None,
+                top_ids=tuple(_random_ids(4, generator) for _ in row[half:]) if topk else (),
+                top_logprobs=tuple((-1.0, -2.0, -3.0, -4.0) for _ in row[half:]) if topk else (),
             )
             for i, row in enumerate(_rows(batch, tokens, prefix))
         ]
@@ -227,6 +246,7 @@ def _child(case: str, model: str, args: argparse.Namespace) -> None:
             mmap_threshold_kb=1024 if case == CASES[2] else 0,
             device=device,
             steps=args.steps,
+            topk=case == CASES[5],
         )
     if device == "cuda":
         peak_gib = torch.cuda.max_memory_allocated() / 2**30

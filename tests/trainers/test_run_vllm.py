@@ -12,9 +12,9 @@ import torch
 
 from agents import models
 from agents.store import Store
-from agents.trajectory import TurnStatus
+from agents.trajectory import TurnStatus, TurnType
 from tests.trainers.test_run import train
-from trainers.logprobs import token_logprobs
+from trainers.logprobs import span_logprobs_at, token_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -69,6 +69,54 @@ def test_each_method_trains_two_steps_on_vllm_and_matches_its_logprobs(tmp_path,
     assert mean < 1e-3 and worst < 1e-3
     if summary["logprob_gap"] is not None:  # the learner's own on-policy measurement
         assert summary["logprob_gap"] < 1e-3
+
+
+def learner_topk_gaps(run_dir, turns):
+    """|learner - vLLM| log-prob at each stored top-k id of every completion position of
+    `turns`, recomputed by the base model with the adapter version that sampled it."""
+    from peft import PeftModel
+
+    gaps: list[float] = []
+    for version in sorted({t.policy_version for t in turns}):
+        model, _ = models.load("tiny")
+        if version:
+            model = PeftModel.from_pretrained(model, run_dir / "adapters" / f"v{version}")
+            model = model.eval().get_base_model()
+        for turn in (t for t in turns if t.policy_version == version and t.completion_token_ids):
+            prompt, ids = list(turn.prompt_token_ids), list(turn.completion_token_ids)
+            with torch.no_grad():
+                _, _, (ours,) = span_logprobs_at(
+                    model,
+                    [prompt + ids],
+                    [(0, len(prompt), len(prompt) + len(ids))],
+                    64,
+                    with_entropy=False,
+                    extra_ids=[torch.tensor(turn.completion_top_ids)],
+                )
+            gaps += (ours - torch.tensor(turn.completion_top_logprobs)).abs().flatten().tolist()
+    return gaps
+
+
+# 60 s and more here: the embedded run of tests/trainers/test_run.py covers the method in
+# every run, tests/agents/engines/test_openai_http.py how vLLM's top-k is read
+@pytest.mark.slow
+def test_topk_opd_trains_on_vllm_and_its_top_k_is_what_the_learner_recomputes(tmp_path):
+    run_dir = tmp_path / "topk"
+    summary = train(
+        run_dir,
+        *VLLM,
+        "method=topk_opd",
+        "judge=feedback",
+        "trainer.max_steps=2",
+        "trainer.overlap=false",
+    )
+    assert (summary["engine"], summary["steps"], summary["method"]) == ("vllm", 2, "topk_opd")
+    with Store(run_dir / "store.sqlite") as store:
+        turns = [t for _, t in store.turns(turn_type=TurnType.MAIN)]
+    assert all({len(top) for top in t.completion_top_ids} == {4} for t in turns)
+    gaps = learner_topk_gaps(run_dir, turns)
+    print(f"topk_opd: {len(gaps)} top-k log-probs, |learner - vLLM| max {max(gaps):.2e}")
+    assert max(gaps) < 1e-3
 
 
 # 80 s here; the default run kills a vLLM server (tests/agents/engines/test_vllm.py) and a

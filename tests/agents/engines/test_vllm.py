@@ -114,6 +114,30 @@ def test_logprobs_agree_with_vllm_scoring_and_the_embedded_engine(vllm_engine):
     assert vllm_engine.score(completion.prompt_token_ids, ()) == []
 
 
+@pytest.mark.slow
+def test_top_k_is_the_models_likeliest_ids_at_each_position_streamed_or_not(vllm_engine):
+    """vLLM's top-k, read as ids, against the full distribution of the same weights in
+    transformers (fp32): token-exact within 1e-3, likeliest first."""
+    import dataclasses
+
+    import torch
+
+    sampling = dataclasses.replace(SEEDED, top_logprobs=4)
+    completion = vllm_engine.generate(QUESTION, None, sampling, adapter=BASE)
+    ids, prompt = list(completion.completion_token_ids), list(completion.prompt_token_ids)
+    assert len(completion.top_ids) == len(ids) > 0
+    model, _ = models.load("tiny")
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    full = torch.log_softmax(logits.float(), dim=-1)
+    at = full.gather(-1, torch.tensor(completion.top_ids))
+    assert (at - torch.tensor(completion.top_logprobs)).abs().max().item() < 1e-3
+    assert bool((at[:, :-1] >= at[:, 1:] - 1e-6).all())  # likeliest first
+    assert full.topk(4).values[:, -1].sub(at[:, -1]).abs().max().item() < 1e-3
+    *_, streamed = vllm_engine.stream(QUESTION, None, sampling, adapter=BASE)
+    assert streamed.top_ids == completion.top_ids
+
+
 def test_stream_yields_the_ids_of_its_final_completion(vllm_engine):
     *chunks, final = vllm_engine.stream(QUESTION, TOOLS, SEEDED, adapter=BASE)
     assert len(chunks) > 1
