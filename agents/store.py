@@ -24,6 +24,7 @@ from typing import Any, Literal
 from agents.store_images import ImageFiles
 from agents.store_migrations import FIRST_VERSION, migrate
 from agents.store_rows import (
+    INSERT_TURN,
     export_features,
     export_row,
     hint_choice_values,
@@ -266,12 +267,7 @@ class Store:
         # as it starts: no BEGIN IMMEDIATE / COMMIT round trips. The proxy commits every
         # turn on its request's critical path, and those two cost a third of the write.
         cursor = self._db().execute(
-            "INSERT INTO turns (session_id, idx, turn_type, prompt_messages, prompt_token_ids, "
-            "completion_token_ids, completion_logprobs, completion, policy_version, tools, "
-            "next_state, "
-            "env_reward, votes, score, hint, teacher_logprobs, status, created_at, "
-            "completion_top_ids, completion_top_logprobs, hint_candidates, hint_overlaps) "
-            f"VALUES ({', '.join('?' * 22)})",
+            INSERT_TURN,
             turn_values(turn, self.images),
         )
         return int(cursor.lastrowid or 0)

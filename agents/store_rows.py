@@ -55,6 +55,18 @@ def pack_logprobs(values: Sequence[float] | None) -> bytes | None:
     return _pack(values, _LOGPROBS)
 
 
+TURN_COLUMNS = (
+    "session_id, idx, turn_type, prompt_messages, prompt_token_ids, completion_token_ids, "
+    "completion_logprobs, completion, policy_version, tools, next_state, env_reward, votes, "
+    "score, hint, teacher_logprobs, status, created_at, completion_top_ids, "
+    "completion_top_logprobs, hint_candidates, hint_overlaps"
+)
+"""The columns `turn_values` fills, in its order."""
+INSERT_TURN = (
+    f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * (TURN_COLUMNS.count(',') + 1))})"
+)
+
+
 def turn_values(turn: Turn, images: ImageFiles) -> tuple[Any, ...]:
     """A turn's row; its images are kept in `images`, the row references them."""
     judgement = turn.judgement

@@ -19,9 +19,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agents.store import _SCHEMA, Store
+from agents.store import Store
 from agents.store_images import ImageFiles
-from agents.store_rows import turn_values
+from agents.store_rows import INSERT_TURN, turn_values
 from agents.trajectory import Session, Turn, TurnType
 
 
@@ -62,19 +62,14 @@ def store_writes(path: Path, turns: int, tokens: int, threads: int, synchronous:
 
 def rollback_journal_writes(path: Path, turns: int, tokens: int) -> float:
     """The baseline: the same rows, one commit each, in SQLite's default journal mode."""
+    Store(path).close()  # the store's own schema, migrated to the current version
     db = sqlite3.connect(path, isolation_level=None)
-    db.executescript(_SCHEMA)
+    db.execute("PRAGMA journal_mode=DELETE")
     db.execute("INSERT INTO sessions VALUES ('s', 'bench', NULL, NULL, NULL, 'open', 0, '{}')")
-    columns = (
-        "session_id, idx, turn_type, prompt_messages, prompt_token_ids, completion_token_ids, "
-        "completion_logprobs, completion, policy_version, tools, next_state, env_reward, votes, "
-        "score, "
-        "hint, teacher_logprobs, status, created_at"
-    )
     started = time.perf_counter()
     for index in range(turns):
         db.execute(
-            f"INSERT INTO turns ({columns}) VALUES ({', '.join('?' * 18)})",
+            INSERT_TURN,
             turn_values(make_turn("s", index, tokens), ImageFiles(path.with_suffix(".images"))),
         )
     elapsed = time.perf_counter() - started
