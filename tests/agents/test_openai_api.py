@@ -192,15 +192,20 @@ REFUSED = {
         "messages[0].tool_calls",
         "only assistant messages",
     ),
-    "an image part": (
+    "an image of no known type": (
         {"messages": user([{"type": "image_url", "image_url": {"url": "data:,"}}])},
-        "messages[0].content[0].type",
-        "takes text only",
+        "messages[0].content[0].image_url.url",
+        "send image/png or image/jpeg",
+    ),
+    "an image by URL": (
+        {"messages": user([{"type": "image_url", "image_url": {"url": "https://x/y.png"}}])},
+        "messages[0].content[0].image_url.url",
+        "inline as a data URL",
     ),
     "an audio part after text": (
         {"messages": user([{"type": "text", "text": "hi"}, {"type": "input_audio"}])},
         "messages[0].content[1].type",
-        "takes text only",
+        "takes text and images",
     ),
     "an unknown part": (
         {"messages": user([{"type": "bogus"}])},
@@ -209,8 +214,13 @@ REFUSED = {
     ),
     "a text part without text": (
         {"messages": user([{"type": "text"}])},
-        "messages[0].content[0].text",
-        "required",
+        "messages[0].content[0]",
+        'needs "text"',
+    ),
+    "an image part without its image": (
+        {"messages": user([{"type": "image_url"}])},
+        "messages[0].content[0]",
+        'needs "image_url"',
     ),
     "empty user content": ({"messages": user([])}, "messages[0].content", "at least 1 item"),
     "empty system content": (
