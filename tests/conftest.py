@@ -14,13 +14,21 @@ def tiny_engine() -> EmbeddedEngine:
     return EmbeddedEngine("tiny", threads=2)
 
 
+SHARED_DAEMONS = ("docker", "vllm")
+"""Markers of tests that share one daemon per machine (a Docker daemon a session starts and
+stops, vLLM servers that take gigabytes each): under xdist each marker's tests run on one
+worker. Ray's tests (one Ray head on its fixed ports) share a file, hence a worker."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests need a CUDA device: skipped, saying so, where torch sees none."""
+    """`gpu` tests need a CUDA device: skipped, saying so, where torch sees none. Each test
+    gets its xdist group: its daemon's, or else its file's, so that a module's fixtures are
+    built once (`--dist loadgroup`; without xdist the group does nothing)."""
     import torch
 
-    if torch.cuda.is_available():
-        return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch sees none)")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+        daemon = next((name for name in SHARED_DAEMONS if name in item.keywords), None)
+        item.add_marker(pytest.mark.xdist_group(daemon or item.nodeid.partition("::")[0]))
