@@ -14,7 +14,7 @@ from agents.config import EnvConfig
 from agents.serving.identity import bearer, client_id, home_credentials, scope_of, stored_id
 from agents.store import Store
 from agents.trajectory import TurnStatus, TurnType
-from tests.trainers.test_run import ROOT, TEST_DEFAULTS, TINY, TINY_CHAT, _free_port, train
+from tests.trainers.test_run import MIXTURE, ROOT, TEST_DEFAULTS, TINY, TINY_CHAT, _free_port, train
 from trainers.config import RunConfig, validate
 from trainers.metrics import read_metrics
 from trainers.run import train as train_in_process
@@ -115,6 +115,27 @@ def test_bad_distillation_values_say_the_fix(change, fragment):
         validate(config)
 
 
+@pytest.mark.parametrize("method", ["topk_opd", "topk_combine", "oel"])
+def test_a_mixture_composes_and_validates_with_each_distillation_method(method):
+    """`env=[chat,arith,terminal,toolcall] method=...`: the method's group settings and every
+    env's own reach one valid config (the mixture's run itself is binary's test, test_run)."""
+    config = composed(*MIXTURE, f"method={method}", "judge=self")
+    validate(config)
+    assert set(config.env) == {"chat", "arith", "terminal", "toolcall"}
+    assert (config.method.name, config.env["arith"].group_size) == (method, 2)
+    assert config.method.w_rl == (0.0 if method == "topk_opd" else 1.0)
+
+
+@pytest.mark.parametrize("method", ["opd", "topk_opd"])
+def test_a_hint_only_method_refuses_an_env_judged_by_its_outcome_alone(method):
+    """opd and topk_opd learn from hints only; an env judged by its outcome gets none, so
+    none of its turns would ever train (and the run would stop on its signal-less groups)."""
+    config = composed(*MIXTURE, f"method={method}", "judge=self", "env.arith.judge=env")
+    with pytest.raises(ValueError, match="env 'arith' is judged by its outcome"):
+        validate(config)
+    validate(composed(*MIXTURE, "method=topk_combine", "judge=self", "env.arith.judge=env"))
+
+
 def test_an_openclaw_style_client_drives_a_topk_opd_run_whose_turns_train(tmp_path):
     """OpenClaw-RL's scenario with its 2026 loss: `env.chat.users=live method=topk_opd`.
     The official `openai` client talks to the run's proxy as OpenClaw does (its bearer key,
@@ -153,8 +174,9 @@ def test_an_openclaw_style_client_drives_a_topk_opd_run_whose_turns_train(tmp_pa
 
 
 def composed(*overrides: str) -> RunConfig:
-    """The config `python -m trainers.run` runs with, given the tests' defaults and these."""
-    chat = ("env=chat", TINY_CHAT)
+    """The config `python -m trainers.run` runs with, given the tests' defaults and these
+    (chat unless they name the envs)."""
+    chat = () if any(o.startswith("env=") for o in overrides) else ("env=chat", TINY_CHAT)
     with initialize_config_dir(str(ROOT / "trainers" / "conf"), version_base=None):
         cfg = compose_config("config", overrides=[*TINY, *TEST_DEFAULTS, *chat, *overrides])
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
