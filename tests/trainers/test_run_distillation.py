@@ -197,24 +197,33 @@ def openai_client(run: Future, port: int) -> OpenAI:
             time.sleep(0.2)
 
 
+def ask(
+    client: OpenAI, history: list[dict], headers: dict[str, str], stream: bool
+) -> tuple[str, list[list[float]]]:
+    """One reply with its top-4 log-probs per position, streamed or whole."""
+    asked = dict(model="policy", messages=history, max_tokens=8, logprobs=True, top_logprobs=4)
+    if not stream:
+        choice = client.chat.completions.create(**asked, extra_headers=headers).choices[0]
+        tops = [[t.logprob for t in p.top_logprobs] for p in choice.logprobs.content]
+        return choice.message.content or "", tops
+    text, tops = "", []
+    for chunk in client.chat.completions.create(**asked, stream=True, extra_headers=headers):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            for position in (chunk.choices[0].logprobs and chunk.choices[0].logprobs.content) or ():
+                tops.append([t.logprob for t in position.top_logprobs])
+    return text, tops
+
+
 def talk_as_openclaw(client: OpenAI) -> dict[str, list[list[float]]]:
-    """Two people's conversations: a question (its top-4 log-probs asked for), a side
-    request, a complaint. Returns each person's served top-4 log-probs per position."""
+    """Two people's conversations: a question (its top-4 log-probs asked for; one streamed),
+    a side request, a complaint. Returns each person's served top-4 log-probs per position."""
     served: dict[str, list[list[float]]] = {}
     for person in ("ana", "bo"):
         claw = {"session_id": f"{person}:0", "x-session-affinity": f"{person}:0"}
         history = [{"role": "user", "content": "What is the capital of France?"}]
-        reply = client.chat.completions.create(
-            model="policy",
-            messages=history,
-            max_tokens=8,
-            logprobs=True,
-            top_logprobs=4,
-            extra_headers=claw,
-        )
-        served[person] = [
-            [t.logprob for t in p.top_logprobs] for p in reply.choices[0].logprobs.content
-        ]
+        # OpenClaw streams its replies: bo's first is streamed, ana's whole
+        text, served[person] = ask(client, history, claw, stream=person == "bo")
         client.chat.completions.create(  # OpenClaw's own request beside the user's: a side turn
             model="policy",
             messages=[{"role": "user", "content": "Name this conversation."}],
@@ -222,7 +231,7 @@ def talk_as_openclaw(client: OpenAI) -> dict[str, list[list[float]]]:
             extra_headers=claw | {"X-Turn-Type": "side"},
         )
         history += [
-            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "assistant", "content": text},
             {"role": "user", "content": "Too long. Keep it under five words."},
         ]
         client.chat.completions.create(
