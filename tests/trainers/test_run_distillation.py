@@ -126,6 +126,46 @@ def test_a_mixture_composes_and_validates_with_each_distillation_method(method):
     assert config.method.w_rl == (0.0 if method == "topk_opd" else 1.0)
 
 
+@pytest.mark.slow  # 40-50 s on 2 shared cores
+def test_top_k_combine_runs_a_mixture_of_chat_and_arith_with_a_judge_each(tmp_path):
+    """One policy and learner on chat (the run's feedback judge: hints, the top-k term) and
+    arith (`env.arith.judge=env`: its outcome, the reward term alone). tiny solves no arith
+    task, so every arith group scores 0 and, with no hint either, is dropped; the chat turns
+    train on their top-k."""
+    run_dir = tmp_path / "mixture"
+    summary = train(
+        run_dir,
+        "env=[chat,arith]",
+        TINY_CHAT,
+        "env.arith.group_size=2",
+        "env.arith.max_tokens=16",
+        "env.arith.judge=env",
+        "judge=feedback",
+        "method=topk_combine",
+        "rollout.max_signalless_groups=0",
+        "trainer.batch_turns=8",
+        "trainer.max_steps=2",
+    )
+    assert (summary["method"], summary["steps"]) == ("topk_combine", 2)
+    with Store(run_dir / "store.sqlite") as store:
+        env_of = {s.session_id: s.env_id for s in store.sessions()}
+        mains = [t for _, t in store.turns(turn_type=TurnType.MAIN)]
+    judged = [t for t in mains if t.judgement is not None]
+    assert {env_of[t.session_id] for t in judged} == {"chat", "arith"}
+    arith = [t for t in judged if env_of[t.session_id] == "arith"]
+    assert all(t.judgement.votes == () and t.judgement.hint is None for t in arith)
+    assert all(t.status != TurnStatus.TRAINED for t in arith)
+    trained = [t for t in mains if t.status == TurnStatus.TRAINED]
+    assert trained and {env_of[t.session_id] for t in trained} == {"chat"}
+    steps = [r for r in read_metrics(run_dir) if "env" not in r]
+    hinted = [t for t in trained if t.judgement.hint]
+    assert (
+        sum(r["distill_tokens"] for r in steps)
+        == sum(len(t.completion_token_ids) for t in hinted)
+        > 0
+    )
+
+
 @pytest.mark.parametrize("method", ["opd", "topk_opd"])
 def test_a_hint_only_method_refuses_an_env_judged_by_its_outcome_alone(method):
     """opd and topk_opd learn from hints only; an env judged by its outcome gets none, so
