@@ -302,6 +302,11 @@ def _turn_of_row(row: Mapping[str, Any]) -> Turn:
         prompt_token_ids=tuple(row["prompt_token_ids"]),
         completion_token_ids=tuple(row["completion_token_ids"]),
         completion_logprobs=tuple(row["completion_logprobs"]),
+        # exports written before schema 3 have no top-k columns
+        completion_top_ids=tuple(tuple(top) for top in row.get("completion_top_ids") or ()),
+        completion_top_logprobs=tuple(
+            tuple(top) for top in row.get("completion_top_logprobs") or ()
+        ),
         completion=json.loads(row["completion"]),
         policy_version=int(row["policy_version"]),
         tools=tuple(json.loads(row["tools"])),

@@ -6,7 +6,10 @@ sft.demonstrations=PATH`), or for any trainer that reads parquet.
     python -m agents.export runs/my-run/store.sqlite --out turns.parquet --status trained
 
 One row per turn, joined with its session: token ids, log-probs, messages, rewards, the
-judge's votes, score, hint and teacher log-probs.
+judge's votes, score, hint and teacher log-probs, the hint candidates and their overlap
+scores, and (where the turn kept them: a top-k method's run, `serve.top_logprobs`) each
+completion position's top-k ids and log-probs, `completion_top_ids` and
+`completion_top_logprobs`, one list of k per position.
 """
 
 from __future__ import annotations

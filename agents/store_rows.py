@@ -188,6 +188,10 @@ def export_features() -> Any:
             "score": value("float64"),
             "hint": value("string"),
             "teacher_logprobs": seq(value("float64")),
+            "completion_top_ids": seq(seq(value("int32"))),
+            "completion_top_logprobs": seq(seq(value("float64"))),
+            "hint_candidates": seq(value("string")),
+            "hint_overlaps": seq(value("int32")),
             "status": value("string"),
             "created_at": value("float64"),
         }
@@ -223,6 +227,11 @@ def export_row(row: sqlite3.Row, images: ImageFiles) -> dict[str, Any]:
         "teacher_logprobs": None
         if judgement.teacher_logprobs is None
         else list(judgement.teacher_logprobs),
+        # per completion position, its top-k ids and log-probs, likeliest first ([] unkept)
+        "completion_top_ids": [list(top) for top in turn.completion_top_ids],
+        "completion_top_logprobs": [list(top) for top in turn.completion_top_logprobs],
+        "hint_candidates": list(judgement.hint_candidates),
+        "hint_overlaps": list(judgement.hint_overlaps),
         "status": str(turn.status),
         "created_at": turn.created_at,
     }

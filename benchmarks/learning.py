@@ -1,78 +1,115 @@
-"""Does the policy learn? Each method's held-out preference score before and after training
-on the personal-agent environment, and the speed-up of overlapping the loops.
+"""Does the policy learn, and which method learns best? Each method's held-out preference
+score on the personal-agent environment (Chat-v0) at every few steps, over several seeds,
+with its 95% interval, its paired difference from the first method, and the policy's entropy
+and KL to its start by step, as one table (`benchmarks.learning_report`); and the speed-up of
+overlapping the loops.
 
-    python -m benchmarks.learning [--model smollm2-135m] [--steps 16] [--persona brief]
-        [--methods binary opd combine] [--judge feedback] [--lr 5e-4] [--eval-tasks 20]
-        [--eval-max-tokens 128] [--speedup-steps 4] [--out DIR]
+    python -m benchmarks.learning [--model smollm2-135m] [--steps 16] [--persona brief|all]
+        [--methods combine topk_combine oel] [--seeds 0 1] [--eval-every 4] [--judge feedback]
+        [--hint-selection overlap] [--lr 5e-4] [--eval-tasks 20] [--eval-max-tokens 128]
+        [--experience-max-tokens 256] [--speedup-steps 4] [--out DIR]
 
-Preference score: the persona's programmatic check (evaluation only, never a reward) of the
-policy's first reply on held-out tasks, greedy, as OpenClaw-RL's "personalisation score",
-with a reply budget long enough that the budget never makes a reply look brief. Beside it,
-the share of replies on topic (`envs.chat.personas.on_topic`) and the score with off-topic
-replies counted as 0: a policy can meet "be brief" by saying nothing.
+The default compares OpenClaw-RL's methods: `combine` (clawgym's OPD + binary RL), its
+top-k form `topk_combine` (hints chosen by `--hint-selection`, overlap by default) and
+experience distillation `oel`, each with `judge=feedback`, the same steps, batch and seeds.
+Every (method, seed) is an ordinary training run under `--out/<method>/seed-<N>` whose
+adapters `v<N>` are scored after it: a run that reached its steps is not trained again, and
+one scored at the same steps already (its `benchmark.json`) is not scored again; delete that
+file to rescore.
+
+Preference score: the persona's programmatic check (the ground truth, evaluation only, never
+a reward) of the policy's first reply on held-out tasks, greedy, as OpenClaw-RL's
+"personalisation score", with a reply budget long enough that the budget never makes a reply
+look brief. Beside it, the share of replies on topic (`envs.chat.personas.on_topic`) and the
+score with off-topic replies counted as 0: a policy can meet "be brief" by saying nothing.
+`--persona all` trains and scores on every persona's tasks (held-out tasks evenly spaced over
+them).
 Speed-up: wall time for the same number of steps with rollout, judging and training
 overlapped (the rollout one batch ahead), against strictly alternating them at the same
-torch threads and at every core. Prints two tables and writes learning.png.
+torch threads and at every core. Prints the tables and writes learning.png and
+learning.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 import envs  # noqa: F401  (registers the clawgym/ environments)
 from agents.config import EnvConfig
-from agents.engines.base import POLICY, SamplingParams
+from agents.engines.base import BASE, POLICY, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from trainers.config import RunConfig
-from trainers.metrics import read_metrics
+from benchmarks.learning_report import comparison_table, plot, step_scores
+from trainers.config import MethodConfig, RunConfig
+from trainers.evaluation import evenly_spaced
+from trainers.metrics import read_metrics, step_rows
 from trainers.run import train
 
 logger = logging.getLogger(__name__)
 
+METHOD_CONFIGS = Path(__file__).resolve().parents[1] / "trainers" / "conf" / "method"
+"""The `method=` group of `trainers.run`: each method's settings."""
+
+TRAINING_KEYS = ("entropy", "kl_to_start", "judge_score", "distill_tokens", "loss")
+"""What a run record keeps of each step's row of metrics.jsonl."""
+
 
 @dataclass(frozen=True)
 class HeldOut:
-    """First replies to held-out tasks, scored."""
+    """First replies to held-out tasks, scored: one value per task, in task order."""
 
-    score: float
-    """Mean preference score."""
-    on_topic: float
-    """Share of replies that share a topic word with their question."""
-    guarded: float
-    """Mean preference score counting off-topic replies as 0: what a reply that says
-    nothing cannot game."""
+    scores: tuple[float, ...]
+    """Each reply's preference score."""
+    on_topic: tuple[bool, ...]
+    """Whether each reply shares a topic word with its question."""
 
 
-def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens: int) -> HeldOut:
-    """First-reply scores on held-out chat tasks, greedy, decoded as one batch.
+def held_out_tasks(persona: str | None, count: int) -> list[str]:
+    """`count` held-out task ids, evenly spaced over the persona's (None: every persona's)."""
+    env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
+    ids = list(env.unwrapped.task_ids())  # type: ignore[attr-defined]
+    env.close()
+    return evenly_spaced(ids, count)
+
+
+def held_out_score(
+    engine: EmbeddedEngine,
+    persona: str | None,
+    tasks: int,
+    max_tokens: int,
+    adapter: str | None = POLICY,
+) -> HeldOut:
+    """First-reply scores on held-out chat tasks, greedy, decoded as one batch, by the
+    engine's `adapter` (POLICY: the one loaded last; BASE: the base model).
 
     `max_tokens` should let an unconstrained reply run past the point where the check stops
     rewarding it: a reply cut short by the budget would look briefer than the policy is.
     """
     chats = []
     observations = []
-    for seed in range(tasks):  # the same seeds, so the same words, each time
+    for seed, task_id in enumerate(held_out_tasks(persona, tasks)):  # the same each time
         env = gym.make("clawgym/Chat-v0", split="test", persona=persona, questions_per_episode=1)
-        task_id = list(env.unwrapped.task_ids())[seed]  # type: ignore[attr-defined]
         observation, _ = env.reset(seed=seed, options={"task_id": task_id})
         chats.append(env)
         observations.append(observation)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     with ThreadPoolExecutor(len(observations)) as pool:
         replies = list(
-            pool.map(lambda obs: engine.generate(obs, None, greedy, POLICY), observations)
+            pool.map(lambda obs: engine.generate(obs, None, greedy, adapter), observations)
         )
     scores, topical = [], []
     for env, reply in zip(chats, replies, strict=True):
@@ -80,23 +117,41 @@ def held_out_score(engine: EmbeddedEngine, persona: str, tasks: int, max_tokens:
         scores.append(float(info["first_reply_score"]))
         topical.append(bool(info["first_reply_on_topic"]))
         env.close()
-    return HeldOut(
-        score=sum(scores) / len(scores),
-        on_topic=sum(topical) / len(topical),
-        guarded=sum(s for s, t in zip(scores, topical, strict=True) if t) / len(scores),
-    )
+    return HeldOut(tuple(scores), tuple(topical))
+
+
+def method_config(name: str) -> MethodConfig:
+    """The method's settings as `trainers.run method=NAME` composes them.
+
+    Raises:
+        ValueError: no such method.
+    """
+    path = METHOD_CONFIGS / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in METHOD_CONFIGS.glob("*.yaml"))
+        raise ValueError(f"unknown method {name!r}; choose from {known}")
+    merged = OmegaConf.merge(OmegaConf.structured(MethodConfig), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
 
 
 def run_config(
-    args: argparse.Namespace, method: str, steps: int, overlap: bool, threads: int | None = None
+    args: argparse.Namespace,
+    method: str,
+    steps: int,
+    overlap: bool,
+    threads: int | None = None,
+    seed: int = 0,
 ) -> RunConfig:
     config = RunConfig()
+    config.seed = seed
     config.model.name = args.model
-    config.method.name = method
+    config.method = method_config(method)
+    config.method.experience_max_tokens = args.experience_max_tokens
+    persona = None if args.persona == "all" else args.persona
     config.env = {
         "chat": EnvConfig(
             id="clawgym/Chat-v0",
-            kwargs={"split": "train", "persona": args.persona, "questions_per_episode": 2},
+            kwargs={"split": "train", "persona": persona, "questions_per_episode": 2},
             outcome_weight=0.0,
             group_size=args.group_size,
         )
@@ -109,44 +164,84 @@ def run_config(
     config.sampling.max_tokens = args.max_tokens
     config.judge.kind = args.judge
     config.judge.max_tokens = 48
+    config.judge.hint_selection = args.hint_selection
     return config
 
 
+def scored_steps(steps: int, every: int) -> list[int]:
+    """The trained steps whose adapters are scored: every `every`-th and the last."""
+    chosen = set(range(every, steps + 1, every)) if every > 0 else set()
+    return sorted(chosen | {steps})
+
+
 def learn(
-    args: argparse.Namespace, method: str, before: HeldOut, trained: dict[str, Any] | None
+    args: argparse.Namespace,
+    method: str,
+    seed: int,
+    scorer: Scorer,
 ) -> dict[str, Any]:
-    """Trains one method and scores the trained policy (`before` is the base model's).
-    With `trained` (the method's earlier result) the run in `--out` is only scored again."""
-    run_dir = args.out / method
-    if trained is None:
-        summary = train(run_config(args, method, args.steps, overlap=True), run_dir)
-        trained = {"steps": summary.steps, "wall_s": summary.wall_s}
-    version = max(int(p.name[1:]) for p in (run_dir / "adapters").glob("v*"))
-    engine = EmbeddedEngine(args.model, threads=args.threads)
-    engine.load_adapter(str(run_dir / "adapters" / f"v{version}"), version)
-    after = held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
-    engine.close()
-    rewards = [row.get("judge_score") for row in read_metrics(run_dir) if "env" not in row]
-    return {
+    """Trains one method at one seed (unless its run reached its steps) and scores its
+    adapters at `scored_steps`; returns the run's record (`benchmarks.learning_report`),
+    kept beside the run as benchmark.json and read back from there next time."""
+    run_dir = args.out / method / f"seed-{seed}"
+    kept = run_dir / "benchmark.json"
+    if kept.exists():
+        record = dict(json.loads(kept.read_text()))
+        if [h["step"] for h in record["held_out"]] == [
+            0,
+            *scored_steps(args.steps, args.eval_every),
+        ]:
+            return record  # scored as asked already
+    wall = None
+    if not (run_dir / "adapters" / f"v{args.steps}").exists():
+        config = run_config(args, method, args.steps, overlap=True, seed=seed)
+        wall = train(config, run_dir).wall_s
+    held_out = [{"step": 0, **scorer.base()}]
+    for step in scored_steps(args.steps, args.eval_every):
+        held_out.append({"step": step, **scorer.adapter(run_dir / "adapters" / f"v{step}")})
+    training = [
+        {"step": row["step"], **{key: row.get(key) for key in TRAINING_KEYS}}
+        for row in step_rows(read_metrics(run_dir))
+    ]
+    record = {
         "method": method,
-        "before": before.score,
-        "after": after.score,
-        "on_topic_before": before.on_topic,
-        "on_topic_after": after.on_topic,
-        "guarded_before": before.guarded,
-        "guarded_after": after.guarded,
-        "steps": trained["steps"],
-        "wall_s": trained["wall_s"],
-        "curve": rewards,
+        "seed": seed,
+        "wall_s": wall,
+        "held_out": held_out,
+        "training": training,
     }
+    kept.write_text(json.dumps(record, indent=1))
+    return record
 
 
-def base_score(args: argparse.Namespace) -> HeldOut:
-    engine = EmbeddedEngine(args.model, threads=args.threads)
-    try:
-        return held_out_score(engine, args.persona, args.eval_tasks, args.eval_max_tokens)
-    finally:
-        engine.close()
+class Scorer:
+    """Scores the base model and adapters on the held-out tasks with one engine, each
+    adapter served as a version of its own (so no two share a prefix cache)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.engine = EmbeddedEngine(args.model, threads=args.threads)
+        self.versions: Iterator[int] = itertools.count(1)
+        self._base: dict[str, list[Any]] | None = None
+
+    def _score(self, adapter: str | None) -> dict[str, list[Any]]:
+        args = self.args
+        persona = None if args.persona == "all" else args.persona
+        found = held_out_score(self.engine, persona, args.eval_tasks, args.eval_max_tokens, adapter)
+        return {"scores": list(found.scores), "on_topic": list(found.on_topic)}
+
+    def base(self) -> dict[str, list[Any]]:
+        """The base model's scores (greedy: the same for every run, scored once)."""
+        if self._base is None:
+            self._base = self._score(BASE)
+        return self._base
+
+    def adapter(self, path: Path) -> dict[str, list[Any]]:
+        self.engine.load_adapter(str(path), next(self.versions))
+        return self._score(POLICY)
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def after_first_step(run_dir: Path) -> float:
@@ -175,54 +270,28 @@ def speedup(args: argparse.Namespace) -> list[tuple[str, int, float, float]]:
     return walls
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [r["method"] for r in results]
-    positions = range(len(results))
-    width = 0.27
-    bars.bar([p - width for p in positions], [r["before"] for r in results], width, label="before")
-    bars.bar(positions, [r["after"] for r in results], width, label="after")
-    bars.bar(
-        [p + width for p in positions],
-        [r["guarded_after"] for r in results],
-        width,
-        label="after, off-topic replies as 0",
-    )
-    bars.set_xticks(list(positions), names)
-    bars.set_ylim(0, 1)
-    bars.set_ylabel("held-out preference score")
-    bars.legend()
-    for result in results:
-        curves.plot(
-            range(1, len(result["curve"]) + 1), result["curve"], marker="o", label=result["method"]
-        )
-    curves.set_xlabel("step")
-    curves.set_ylabel("mean judge score of the step's turns")
-    curves.set_title("training")
-    curves.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-
-
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch-turns", type=int, default=8)
-    parser.add_argument("--persona", default="brief")
+    parser.add_argument("--persona", default="brief", help="a persona's key, or all")
     parser.add_argument(
-        "--methods", nargs="*", default=["binary", "opd", "combine"], help="none: speed-up only"
+        "--methods",
+        nargs="*",
+        default=["combine", "topk_combine", "oel"],
+        help="method= names; differences are to the first; none: speed-up only",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument(
+        "--eval-every", type=int, default=4, help="score every N-th adapter (and the last)"
     )
     parser.add_argument(
         "--judge",
         default="feedback",
         help="judge kind (trainers/judge.py); the 135M self-judge reads feedback poorly",
     )
+    parser.add_argument("--hint-selection", default="overlap", help="judge.hint_selection")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument(
         "--threads",
@@ -241,33 +310,18 @@ def parse_args() -> argparse.Namespace:
         help="reply budget when scoring; past 75 words a brief reply already scores 0",
     )
     parser.add_argument("--eval-tasks", type=int, default=20)
-    parser.add_argument("--speedup-steps", type=int, default=4)
     parser.add_argument(
-        "--rescore", action="store_true", help="score the runs already in --out, no training"
+        "--experience-max-tokens",
+        type=int,
+        default=256,
+        help="oel: the notes' bound (OpenClaw-RL: 2048, minutes a session on a CPU)",
     )
+    parser.add_argument("--speedup-steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-learning"))
-    return parser.parse_args()
-
-
-def learning_table(args: argparse.Namespace, results: list[dict[str, Any]]) -> Table:
-    table = Table(
-        title=f"learning on Chat-v0 ({args.persona}), {args.model}, judge={args.judge}, "
-        f"lr {args.lr:g}, {args.steps} steps of {args.batch_turns} turns"
-    )
-    columns = ("method", "score before", "score after", "change", "on-topic before / after")
-    for column in (*columns, "guarded before / after", "train wall s"):
-        table.add_column(column, justify="left" if column == "method" else "right")
-    for r in results:
-        table.add_row(
-            r["method"],
-            f"{r['before']:.3f}",
-            f"{r['after']:.3f}",
-            f"{r['after'] - r['before']:+.3f}",
-            f"{r['on_topic_before']:.2f} / {r['on_topic_after']:.2f}",
-            f"{r['guarded_before']:.3f} / {r['guarded_after']:.3f}",
-            f"{r['wall_s']:.0f}",
-        )
-    return table
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.eval_every < 0:
+        parser.error("--steps must be >= 1 and --eval-every >= 0")
+    return args
 
 
 def speedup_table(args: argparse.Namespace, walls: list[tuple[str, int, float, float]]) -> Table:
@@ -288,26 +342,34 @@ def speedup_table(args: argparse.Namespace, walls: list[tuple[str, int, float, f
     return table
 
 
-def main() -> None:
-    args = parse_args()
+def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every method at every seed, trained and scored (one engine scores them all)."""
+    scorer = Scorer(args)
+    try:
+        return [learn(args, method, seed, scorer) for method in args.methods for seed in args.seeds]
+    finally:
+        scorer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
-    results: list[dict[str, Any]] = []
-    before = base_score(args) if args.methods else HeldOut(0.0, 0.0, 0.0)
-    earlier = {}
-    if args.rescore:
-        earlier = {r["method"]: r for r in json.loads((args.out / "learning.json").read_text())}
-    for method in args.methods:  # each result is kept as soon as it exists
-        results.append(learn(args, method, before, earlier.get(method)))
-        (args.out / "learning.json").write_text(json.dumps(results, indent=2))
-    console = Console()
-    console.print(learning_table(args, results))
+    console = Console(width=max(Console().width, 160))  # the comparison's ten columns
+    if args.methods:
+        runs = compare(args)
+        (args.out / "learning.json").write_text(json.dumps(runs, indent=1))
+        scores = step_scores(runs, args.methods)
+        title = (
+            f"learning on Chat-v0 ({args.persona}), {args.model}, judge={args.judge}, lr "
+            f"{args.lr:g}, {args.steps} steps of {args.batch_turns} turns, seeds {args.seeds}, "
+            f"{args.eval_tasks} held-out tasks"
+        )
+        console.print(comparison_table(title, scores, args.methods[0]))
+        plot(scores, runs, args.out / "learning.png")
+        console.print(f"plot: {args.out / 'learning.png'}")
     if args.speedup_steps:
         console.print(speedup_table(args, speedup(args)))
-    if results:
-        plot(results, args.out / "learning.png")
-    (args.out / "learning.json").write_text(json.dumps(results, indent=2))
-    console.print(f"plot: {args.out / 'learning.png'}")
 
 
 if __name__ == "__main__":

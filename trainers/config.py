@@ -43,6 +43,13 @@ def validate_judging(judge: JudgeConfig, method: MethodConfig, envs: dict[str, E
                 f"env {name!r} has no outcome to learn from (outcome_weight 0), so judge=env "
                 f"gives it no reward: use judge=self, feedback or remote (or env.{name}.judge=...)"
             )
+        if method.name in HINT_ONLY and env.judge == "env":
+            raise ValueError(
+                f"env {name!r} is judged by its outcome (env.{name}.judge=env), which writes "
+                f"no hints, and method={method.name} learns from hints only: none of its turns "
+                f"would train. Give it an LLM judge (env.{name}.judge=self) or use a method "
+                "with a reward term (combine, topk_combine)"
+            )
         if env.judge == "remote" and judge.kind != "remote":
             raise ValueError(
                 f"env.{name}.judge=remote: a remote judge is configured once, as judge=remote"
@@ -100,6 +107,8 @@ METHODS = ("binary", "opd", "combine", "topk_opd", "topk_combine", "oel", "sft")
 """The values of `method.name`."""
 HINTED = ("opd", "combine", "topk_opd", "topk_combine")
 """The methods that learn from the judge's hints."""
+HINT_ONLY = ("opd", "topk_opd")
+"""The methods that learn from hints alone (no reward term)."""
 TOPK = ("topk_opd", "topk_combine")
 """The methods whose distillation term runs over each position's top-k tokens."""
 LEARNER_TEACHER = (*TOPK, "oel")

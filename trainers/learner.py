@@ -157,6 +157,7 @@ class Learner:
             logprob_gap_max=sums["gap_max"],
             grad_norm=float(norm),
             seconds=round(time.monotonic() - started, 3),
+            distill_tokens=int(sums["distill_tokens"]),
         )
 
     def accumulate_gradients(
@@ -167,7 +168,7 @@ class Learner:
         policy objective has RL's starting weights to score against)."""
         batches = self._micro_batches(samples)
         total = sum(len(s.completion_ids) for s in samples)
-        names = ("loss", "kl", "entropy", "clip", "gap", "gap_max", "gap_tokens")
+        names = ("loss", "kl", "entropy", "clip", "gap", "gap_max", "gap_tokens", "distill_tokens")
         sums: dict[str, float] = dict.fromkeys(names, 0.0) | {"batches": len(batches)}
         if objective == "nll":
             for batch in batches:
@@ -207,6 +208,9 @@ class Learner:
     ) -> None:
         self._fit_checkpointing(batch)
         teachers, sets = self._teachers(batch)
+        sums["distill_tokens"] += sum(
+            len(s.completion_ids) for s, t in zip(batch, teachers, strict=True) if t is not None
+        )
         logprobs, entropies, at_sets = self._logprobs_at(batch, True, sets)
         proximal = [row.detach() for row in logprobs]  # no update yet in this step
         current, prox = pad_rows(logprobs), pad_rows(proximal)

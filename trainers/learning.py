@@ -69,6 +69,10 @@ class StepMetrics:
     """The largest |learner - rollout| log-prob of any one such token."""
     grad_norm: float
     seconds: float
+    distill_tokens: int = 0
+    """Trained positions that had a teacher's distribution as a target: the top-k term's
+    (`topk_opd`, `topk_combine`: hinted turns) or experience distillation's (`oel`). 0 for
+    the other methods and for a learner without the teacher pass (Tinker)."""
 
 
 OBJECTIVES = ("policy", "nll")

@@ -8,6 +8,7 @@ from pathlib import Path
 import datasets
 import pytest
 
+from agents.demonstrations import import_parquet
 from agents.store import Store
 from agents.trajectory import Judgement, Session, SessionStatus, TurnStatus, TurnType
 from tests.agents.test_trajectory import make_turn
@@ -169,6 +170,33 @@ def test_parquet_export_reads_back_equal(store, tmp_path):
     read_back = datasets.Dataset.from_parquet(str(path)).to_list()
     assert read_back == list(store.iter_rows())
     assert read_back[1]["teacher_logprobs"] == [-1.5] and read_back[0]["env_reward"] == -1.0
+
+
+def test_the_export_carries_each_positions_top_k_and_the_hint_candidates(store, tmp_path):
+    """Schema 3's columns leave in the parquet export and come back with an import."""
+    store.add_session(Session("s", "clawgym/Chat-v0", task_id="t", group_id="g"))
+    turn = make_turn(
+        completion_top_ids=((4, 7, 2), (5, 4, 9)),
+        completion_top_logprobs=((-0.5, -1.75, -2.0), (-1.25, -1.5, -3.0)),
+    )
+    store.add_turn(turn)
+    store.add_turn(make_turn(index=1))  # kept no top-k
+    candidates = ("Answer in French.", "Be brief, please.")
+    judgement = Judgement(
+        (1, 1), 1.0, candidates[1], (-0.2, -0.4), hint_candidates=candidates, hint_overlaps=(3, 5)
+    )
+    store.set_judgement("s", 0, judgement)
+    path = store.export_parquet(tmp_path / "turns.parquet")
+    first, second = datasets.Dataset.from_parquet(str(path)).to_list()
+    assert first["completion_top_ids"] == [[4, 7, 2], [5, 4, 9]]
+    assert first["completion_top_logprobs"] == [[-0.5, -1.75, -2.0], [-1.25, -1.5, -3.0]]
+    assert (first["hint_candidates"], first["hint_overlaps"]) == (list(candidates), [3, 5])
+    assert second["completion_top_ids"] == second["completion_top_logprobs"] == []
+    with Store(tmp_path / "other.sqlite") as other:
+        assert import_parquet(other, path) == 2
+        copied = other.session("s").turns[0]
+    assert copied.completion_top_ids == turn.completion_top_ids
+    assert copied.completion_top_logprobs == turn.completion_top_logprobs
 
 
 def test_export_of_an_empty_store_is_an_error(store, tmp_path):

@@ -115,6 +115,8 @@ def test_a_top_k_method_trains_two_steps_on_chat_from_each_turns_stored_top_k(tm
         assert len(trained) == summary["turns_trained"] >= 4
         if method == "topk_opd":  # no reward term: only hinted turns train
             assert all(t.judgement.hint for t in trained)
+            steps = [r for r in read_metrics(run_dir) if "env" not in r]
+            assert [r["distill_tokens"] for r in steps] == [r["tokens"] for r in steps]
 
 
 def test_a_mixture_of_four_families_trains_each_and_resumes_after_sigkill(tmp_path):
