@@ -71,7 +71,9 @@ def test_envs_and_sampling_come_from_their_sections():
 
 def test_the_proxy_takes_its_section_and_the_key_from_the_environment(monkeypatch):
     monkeypatch.setenv("CLAWGYM_API_KEY", "from-env")
-    config = proxy_config(ServeSection(turn_type="side", max_tokens=9), "tiny", env_id="bench")
+    config = proxy_config(
+        ServeSection(turn_type="side", max_tokens=9), ModelConfig("tiny"), env_id="bench"
+    )
     assert (config.api_key, config.default_turn_type, config.max_tokens, config.env_id) == (
         "from-env",
         TurnType.SIDE,
@@ -79,7 +81,7 @@ def test_the_proxy_takes_its_section_and_the_key_from_the_environment(monkeypatc
         "bench",
     )
     monkeypatch.delenv("CLAWGYM_API_KEY")
-    assert proxy_config(ServeSection(api_key="given"), "tiny").api_key == "given"
+    assert proxy_config(ServeSection(api_key="given"), ModelConfig("tiny")).api_key == "given"
 
 
 def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key(
@@ -87,10 +89,15 @@ def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key
 ):
     monkeypatch.delenv("CLAWGYM_API_KEY", raising=False)
     with Store(tmp_path / "s.sqlite") as store:
-        with serve_policy(tiny_engine, store, ServeSection(port=0), "tiny") as (url, proxy):
+        with serve_policy(tiny_engine, store, ServeSection(port=0), ModelConfig("tiny")) as (
+            url,
+            proxy,
+        ):
             assert url.startswith("http://127.0.0.1:") and proxy.engine is tiny_engine
         with pytest.raises(ValueError, match="api_key"):
-            with serve_policy(tiny_engine, store, ServeSection(host="0.0.0.0", port=0), "tiny"):
+            with serve_policy(
+                tiny_engine, store, ServeSection(host="0.0.0.0", port=0), ModelConfig("tiny")
+            ):
                 pass
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agents.config import EnvConfig
+from agents.config import EnvConfig, ModelConfig
 from agents.rollout import ELIDED
 from agents.store import Store
-from agents.trajectory import TurnStatus, TurnType
+from agents.trajectory import SessionStatus, TurnStatus, TurnType
+from agents.vision import images_of
 from trainers.config import RunConfig, validate
 from trainers.metrics import read_metrics
 
@@ -235,6 +236,80 @@ def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_pa
     assert ("floods", "truncated", "context") in ends, ends
     assert any(ELIDED in str(t.prompt_messages) for t in flooded), "no history was elided"
     assert summary.envs["dies"]["failed"] >= 1 and summary.envs["floods"]["truncated"] >= 1
+
+
+@pytest.mark.browser
+def test_a_vl_policy_trains_on_gui_screenshots_from_the_plain_command(tmp_path):
+    """`env=gui env.gui.kwargs.observation=screenshot model=tiny-vl`, made small: the warm
+    start finds no demonstration (GUI's solvers act by element id) and is skipped, tiny-vl's
+    own run defaults (trainers/conf/model_run/tiny-vl.yaml) play on though no group of the
+    random model has a signal, and the learner trains on turns with their screenshots."""
+    run_dir = tmp_path / "vl"
+    summary = train(
+        run_dir,
+        "env=gui",
+        "env.gui.kwargs.observation=screenshot",
+        "model=tiny-vl",
+        "method=binary",
+        "judge=env",
+        "+env.gui.kwargs.tasks=[click-test]",
+        "env.gui.kwargs.max_turns=2",
+        "env.gui.group_size=2",
+        "env.gui.max_tokens=8",
+        "sft.warm_start_steps=1",
+        "sft.episodes=2",
+        "trainer.max_steps=2",
+    )
+    assert (summary["steps"], summary["adapter_version"]) == (2, 2)
+    resolved = (run_dir / "config.yaml").read_text()
+    assert "filter_groups: false" in resolved and "max_signalless_groups: 0" in resolved
+    with Store(run_dir / "store.sqlite") as store:
+        trained = [t for _, t in store.turns(status=TurnStatus.TRAINED)]
+    assert len(trained) == summary["turns_trained"] >= 4
+    assert all(images_of(t.prompt_messages) for t in trained)
+
+
+@pytest.mark.browser
+def test_a_vl_policy_trains_on_screenshots_beside_text_and_a_bad_image_fails_its_episode(
+    tmp_path,
+):
+    """A mixture: GUI screenshots and arith's text on one tiny-vl policy; a third env shows
+    an image over `model.max_image_bytes` (the one setting the proxy and the engine read):
+    the proxy refuses that request, the episode ends failed saying why, its first turn is
+    kept with the image as its next state, and the run goes on to its last step."""
+    from trainers.run import train as train_in_process
+
+    short = {"group_size": 2, "max_tokens": 8}
+    gui = {"observation": "screenshot", "tasks": ["click-test"], "max_turns": 2}
+    bad = {"fault": "image", "image": "large", "max_turns": 3}
+    config = RunConfig(
+        env={  # the first named plays first when the groups played tie
+            "gui": EnvConfig(id="clawgym/GUI-v0", kwargs=gui, **short),
+            "arith": EnvConfig(kwargs={"max_turns": 2}, **short),
+            "bad": EnvConfig(id=FAULTY, kwargs=bad, **short),
+        },
+        model=ModelConfig("tiny-vl", max_image_bytes=64 << 10),
+    )
+    config.judge.kind = "env"
+    config.method.name = "binary"
+    config.method.filter_groups = False  # tiny-vl's run defaults, which Hydra would add
+    config.rollout.max_signalless_groups = 0
+    config.rollout.groups_in_flight = 3
+    config.trainer.batch_turns = 4
+    config.trainer.max_steps = 2
+    config.trainer.lora_rank = 4
+    summary = train_in_process(config, tmp_path)
+    assert summary.steps == 2 and summary.envs["bad"]["failed"] >= 1
+    with Store(tmp_path / "store.sqlite") as store:
+        sessions = {s.session_id: s for s in store.sessions()}
+        refused = [store.session(i) for i, s in sessions.items() if s.env_id == "bad"]
+        trained = {sessions[t.session_id].env_id for _, t in store.turns(status=TurnStatus.TRAINED)}
+    assert {"gui", "arith"} <= trained, trained
+    for session in refused:
+        assert session.status == SessionStatus.FAILED
+        assert "over 65536 bytes" in session.metadata["end_reason"]
+        (turn,) = session.turns
+        assert len(images_of(turn.next_state, None)[0]) > 64 << 10  # kept, byte for byte
 
 
 def test_a_run_whose_groups_all_score_the_same_stops_saying_so(tmp_path):
