@@ -5,6 +5,7 @@ import pytest
 from agents.compose import (
     build_engine,
     env_factory,
+    image_limits,
     place_beside_learner,
     proxy_config,
     sampling_params,
@@ -16,13 +17,15 @@ from agents.engines.embedded import EmbeddedEngine
 from agents.engines.remote import RemoteEngine
 from agents.store import Store
 from agents.trajectory import TurnType
+from agents.vision import ImageLimits
 
 
 def test_the_embedded_engine_is_built_from_its_config():
     config = EngineConfig(threads=1, max_batch=4, prefix_cache_tokens=100)
-    engine = build_engine(config, ModelConfig("tiny"))
+    engine = build_engine(config, ModelConfig("tiny", max_images=5))
     try:
         assert isinstance(engine, EmbeddedEngine) and engine.policy_version == 0
+        assert engine.image_limits == ImageLimits(max_images=5)
         assert engine._scheduler.prefixes.max_tokens == 100
         reply = engine.generate([{"role": "user", "content": "hi"}])
         assert reply.completion_token_ids and len(reply.completion_logprobs) == len(
@@ -82,6 +85,15 @@ def test_the_proxy_takes_its_section_and_the_key_from_the_environment(monkeypatc
     )
     monkeypatch.delenv("CLAWGYM_API_KEY")
     assert proxy_config(ServeSection(api_key="given"), ModelConfig("tiny")).api_key == "given"
+
+
+def test_the_models_image_limits_reach_the_proxy_and_bad_ones_say_the_fix():
+    model = ModelConfig("tiny-vl", max_image_bytes=1000, max_images=2)
+    config = proxy_config(ServeSection(), model)
+    assert config.image_limits() == image_limits(model) == ImageLimits(1000, 2)
+    assert proxy_config(ServeSection(), ModelConfig("tiny")).image_limits() == ImageLimits()
+    with pytest.raises(ValueError, match="model.max_image_bytes and model.max_images"):
+        image_limits(ModelConfig("tiny-vl", max_images=0))
 
 
 def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key(
