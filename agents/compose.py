@@ -129,7 +129,15 @@ def _vllm_engine(
     api_key: str | None,
 ) -> Engine:
     """`build_engine` for `backend=vllm`: on a GPU or, with `cpus`, on a CPU."""
+    from agents import models
     from agents.engines.vllm import VLLMEngine
+
+    if models.is_vision(model.name):
+        raise ValueError(
+            f"engine=vllm takes no images yet and {model.name!r} is a vision-language model: "
+            "serve it with engine=embedded (vLLM's Qwen-VL input processing needs "
+            "torchvision, which .venv-vllm lacks here, and no image is passed to it)"
+        )
 
     on_gpu = cuda_available()
     usage = engine.gpu_memory_utilization

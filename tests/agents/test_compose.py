@@ -96,6 +96,11 @@ def test_the_models_image_limits_reach_the_proxy_and_bad_ones_say_the_fix():
         image_limits(ModelConfig("tiny-vl", max_images=0))
 
 
+def test_a_vision_language_model_on_vllm_is_refused_saying_the_fix():
+    with pytest.raises(ValueError, match="engine=embedded"):
+        build_engine(EngineConfig(backend="vllm"), ModelConfig("tiny-vl"))
+
+
 def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key(
     tiny_engine, tmp_path, monkeypatch
 ):
