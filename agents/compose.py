@@ -3,7 +3,7 @@ sub-configs (`agents.config`). `trainers.run`, `agents.serve` and `benchmarks.ru
 their components here and nowhere else; each builder takes only its own sub-config.
 
     engine = build_engine(config.engine, config.model)
-    with serve_policy(engine, store, config.serve, config.model.name) as (url, proxy):
+    with serve_policy(engine, store, config.serve, config.model) as (url, proxy):
         ...
 
 The trainer-side components (the learner, the judges, the loops) are built by the trainer's
@@ -30,6 +30,7 @@ from agents.config import (
     ServeSection,
     serve_key,
     validate_engine,
+    validate_model,
     validate_serve,
 )
 from agents.engines.base import Engine, SamplingParams
@@ -37,6 +38,7 @@ from agents.serving.proxy import LIVE_ENV_ID, Proxy, ProxyConfig
 from agents.serving.server import in_thread
 from agents.store import Store
 from agents.trajectory import TurnType
+from agents.vision import ImageLimits
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ def build_engine(
             replica that a proxy on another node reaches; loopback needs none).
     """
     validate_engine(engine)
+    validate_model(model)
     if engine.backend == "embedded":
         from agents.engines.embedded import EmbeddedEngine
 
@@ -105,6 +108,7 @@ def build_engine(
             max_batch=engine.max_batch,
             context_length=engine.context_length,
             prefix_cache_tokens=engine.prefix_cache_tokens,
+            image_limits=image_limits(model),
         )
     if engine.backend == "vllm":
         return _vllm_engine(engine, model, shares_gpu_with_learner, cpus, host, api_key)
@@ -125,7 +129,15 @@ def _vllm_engine(
     api_key: str | None,
 ) -> Engine:
     """`build_engine` for `backend=vllm`: on a GPU or, with `cpus`, on a CPU."""
+    from agents import models
     from agents.engines.vllm import VLLMEngine
+
+    if models.is_vision(model.name):
+        raise ValueError(
+            f"engine=vllm takes no images yet and {model.name!r} is a vision-language model: "
+            "serve it with engine=embedded (vLLM's Qwen-VL input processing needs "
+            "torchvision, which .venv-vllm lacks here, and no image is passed to it)"
+        )
 
     on_gpu = cuda_available()
     usage = engine.gpu_memory_utilization
@@ -176,11 +188,19 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID) -> ProxyConfig:
-    """The proxy's own config from the `serve` section; `env_id` labels the sessions its
-    clients open by their first request."""
+def image_limits(model: ModelConfig) -> ImageLimits:
+    """What one request to `model` may carry: the one reading of `model.max_image_bytes`
+    and `model.max_images`, for the proxy and the engine alike."""
+    validate_model(model)
+    return ImageLimits(model.max_image_bytes, model.max_images)
+
+
+def proxy_config(serve: ServeSection, model: ModelConfig, env_id: str = LIVE_ENV_ID) -> ProxyConfig:
+    """The proxy's own config from the `serve` section and the model's image limits;
+    `env_id` labels the sessions its clients open by their first request."""
+    limits = image_limits(model)
     return ProxyConfig(
-        model_name=model_name,
+        model_name=model.name,
         env_id=env_id,
         api_key=serve_key(serve),
         user_keys=read_keys(serve.api_keys, serve.api_keys_file, "serve.api_keys"),
@@ -191,6 +211,8 @@ def proxy_config(serve: ServeSection, model_name: str, env_id: str = LIVE_ENV_ID
         idle_timeout_s=serve.idle_timeout_s,
         request_timeout_s=serve.request_timeout_s,
         top_logprobs=serve.top_logprobs,
+        max_image_bytes=limits.max_bytes,
+        max_images=limits.max_images,
     )
 
 
@@ -199,14 +221,14 @@ def serve_policy(
     engine: Engine,
     store: Store,
     serve: ServeSection,
-    model_name: str,
+    model: ModelConfig,
     env_id: str = LIVE_ENV_ID,
 ) -> Iterator[tuple[str, Proxy]]:
     """Serves `engine` behind the token-exact proxy from a thread of this process, on
     `serve.host:serve.port` (port 0: any free one); yields its base URL and the proxy (its
     `admin_key` is what the admin routes take: `ProxySeat(..., admin_key=proxy.admin_key)`)."""
     validate_serve(serve)
-    config = proxy_config(serve, model_name, env_id)
+    config = proxy_config(serve, model, env_id)
     with in_thread(engine, store, config, serve.host, serve.port) as (url, proxy):
         logger.info("serving the policy at %s (model `policy`; `base` is the adapter off)", url)
         yield url, proxy

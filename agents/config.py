@@ -21,6 +21,10 @@ PREFIX_CACHE_TOKENS = 16384
 """The embedded engine's default prefix-cache bound: 720 MiB of SmolLM2-135M's fp32 KV."""
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every projection of a decoder layer: the modules LoRA targets by default."""
+MAX_IMAGE_BYTES = 4 << 20
+"""The largest image (decoded) one request may carry, unless `model.max_image_bytes` says."""
+MAX_IMAGES = 16
+"""The most images one request may carry, unless `model.max_images` says."""
 
 
 @dataclass
@@ -30,6 +34,22 @@ class ModelConfig:
     name: str = "smollm2-135m"
     """A name `agents.models.resolve` knows (tiny, tiny-vl, smollm2-135m), a directory or a
     hub id."""
+    max_image_bytes: int = MAX_IMAGE_BYTES
+    """A vision-language model's largest image (decoded) in one request: the proxy answers
+    a larger one with a 400 (`invalid_image`), the engine refuses it, and in a run the
+    episode that sent it ends failed with the reason."""
+    max_images: int = MAX_IMAGES
+    """The most images one request's messages may carry (a GUI episode's history holds a
+    screenshot a turn: env.gui.kwargs.max_turns up to this plays whole)."""
+
+
+def validate_model(model: ModelConfig) -> None:
+    """Raises ValueError, saying the fix, for image limits that admit nothing."""
+    if model.max_image_bytes < 1 or model.max_images < 1:
+        raise ValueError(
+            f"model.max_image_bytes and model.max_images must be >= 1, got "
+            f"{model.max_image_bytes} and {model.max_images}"
+        )
 
 
 @dataclass

@@ -96,12 +96,15 @@ class ReferencePlay(gym.Wrapper[Any, Any, Any, Any]):
         self.agent: ScriptedAgent | None = None
         self.observation: list[Mapping[str, Any]] = []
         self.info: dict[str, Any] = {}
+        self.agentless = 0
+        """Resets whose task had no reference agent."""
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         observation, info = self.env.reset(**kwargs)
         reference = getattr(self.env.unwrapped, "reference_agent", None)
         agent = reference() if reference is not None else None
         if agent is None:
+            self.agentless += 1
             raise NoReferenceAgent(
                 f"{type(self.env.unwrapped).__name__} has no reference agent for task "
                 f"{info.get('task_id')!r}"
@@ -214,7 +217,8 @@ def record_demonstrations(
     outcome and end reason, and the caller chooses.
 
     Raises:
-        NoReferenceAgent: the env has no scripted solver.
+        NoReferenceAgent: the env has no scripted solver, or one for none of the tasks it
+            played (a GUI env whose agent sees only screenshots: its solvers act by element).
     """
     play = ReferencePlay(make_env())
     try:
@@ -235,6 +239,11 @@ def record_demonstrations(
             run_episode(play, seat, env_id=env_name, task_id=ids[n % len(ids)], seed=seed + n)
             for n in range(episodes)
         ]
+        if play.agentless == len(summaries):
+            raise NoReferenceAgent(
+                f"env {env_name!r}: no reference agent for any of the {len(summaries)} "
+                f"tasks played (the first: {end_reason(summaries[0])})"
+            )
         unsolved = [s for s in summaries if not solved(s.total_reward)]
         logger.info(
             "%s: %d demonstrations, %d solved, %d not played%s",

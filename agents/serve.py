@@ -72,7 +72,7 @@ def serve(config: ServeRunConfig) -> None:
     engine = build_engine(config.engine, config.model)
     if config.adapter_shape:
         engine.prepare_adapter(config.adapter_shape)
-    proxy = Proxy(engine, Store(config.store), proxy_config(section, config.model.name))
+    proxy = Proxy(engine, Store(config.store), proxy_config(section, config.model))
     logger.info(
         "serving %s (%s) on http://%s:%d/v1",
         config.model.name,

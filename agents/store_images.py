@@ -7,7 +7,9 @@ the same megabytes many times over. Instead each image is written once, as a fil
 the sha256 of its bytes, in the folder `<store file>.images/`, and the messages in the
 store carry `sha256:<hex>.<png|jpg>` where the data URL was. Reading a turn back puts the
 data URL back, byte for byte what the policy saw (base64 has one encoding of given bytes,
-and the proxy takes no other: `agents.vision.decode_data_url`).
+and the proxy takes no other: `agents.vision.decode_data_url`). A URL that is no PNG or
+JPEG data URL (a remote URL, a GIF an environment showed in a next state the policy was
+then refused) stays in the messages as it came: the store keeps what it is given.
 
 A file is written (to a temporary name, then renamed) before the row that names it is
 committed, so a row never names a missing image; a crash may leave an unreferenced file,
@@ -58,11 +60,20 @@ class ImageFiles:
         return [_map_images(m, self._keep) for m in messages]
 
     def _keep(self, url: str) -> str:
-        return url if url.startswith(REF) else self.put(vision.decode_data_url(url))
+        if url.startswith(REF):
+            return url
+        try:  # any size: a request's limits are the proxy's to enforce, not the store's
+            return self.put(vision.decode_data_url(url, None))
+        except vision.BadImage:  # not an image the policy can see: kept as it came
+            return url
 
     def restore(self, messages: Sequence[Any]) -> list[Any]:
-        """`messages` with every reference replaced by the data URL of its bytes."""
-        return [_map_images(m, lambda ref: vision.data_url(self.get(ref))) for m in messages]
+        """`messages` with every reference replaced by the data URL of its bytes (a URL kept
+        inline stays as it is)."""
+        return [_map_images(m, self._restored) for m in messages]
+
+    def _restored(self, url: str) -> str:
+        return vision.data_url(self.get(url)) if url.startswith(REF) else url
 
 
 def _map_images(message: Any, change: Any) -> Any:

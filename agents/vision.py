@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from agents.config import MAX_IMAGE_BYTES, MAX_IMAGES
+
 SIGNATURES = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 """The image types taken, and the bytes each file starts with."""
 IMAGE_PARTS = ("image_url", "image")
@@ -47,11 +49,12 @@ class BadImage(ValueError):
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """What one request may carry."""
+    """What one request may carry (`model.max_image_bytes`, `model.max_images`:
+    `agents.compose.image_limits`)."""
 
-    max_bytes: int = 4 * 1024 * 1024
+    max_bytes: int = MAX_IMAGE_BYTES
     """Largest decoded image."""
-    max_images: int = 16
+    max_images: int = MAX_IMAGES
     """Most images in one request's messages."""
 
 
@@ -68,8 +71,9 @@ def image_type(image: bytes) -> str:
     raise BadImage("the image is neither a PNG nor a JPEG (by its first bytes)")
 
 
-def decode_data_url(url: str, limits: ImageLimits = ImageLimits()) -> bytes:
-    """The image bytes of a PNG or JPEG data URL; `BadImage` says what is wrong."""
+def decode_data_url(url: str, limits: ImageLimits | None = ImageLimits()) -> bytes:
+    """The image bytes of a PNG or JPEG data URL; `BadImage` says what is wrong. `limits`
+    None: any size (an image already admitted: a stored turn's)."""
     if not url.startswith("data:"):
         where = url.split(":", 1)[0] if ":" in url[:10] else "this"
         raise BadImage(
@@ -82,13 +86,13 @@ def decode_data_url(url: str, limits: ImageLimits = ImageLimits()) -> bytes:
         raise BadImage("a data URL must be base64: data:image/png;base64,...")
     if kind not in SIGNATURES:
         raise BadImage(f"images of type {kind!r} are not taken; send image/png or image/jpeg")
-    if len(payload) * 3 // 4 > limits.max_bytes + 3:
+    if limits is not None and len(payload) * 3 // 4 > limits.max_bytes + 3:
         raise BadImage(f"the image is over {limits.max_bytes} bytes")
     try:
         image = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as error:
         raise BadImage(f"the data URL's base64 is malformed: {error}") from None
-    if len(image) > limits.max_bytes:
+    if limits is not None and len(image) > limits.max_bytes:
         raise BadImage(f"the image is {len(image)} bytes; at most {limits.max_bytes}")
     if image_type(image) != kind:
         raise BadImage(f"the data URL says {kind} but the bytes are not one")
@@ -118,11 +122,12 @@ def message_images(messages: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def images_of(
-    messages: Iterable[Mapping[str, Any]], limits: ImageLimits = ImageLimits()
+    messages: Iterable[Mapping[str, Any]], limits: ImageLimits | None = ImageLimits()
 ) -> list[bytes]:
-    """The decoded images of `messages`, in order; `BadImage` for a bad one or too many."""
+    """The decoded images of `messages`, in order; `BadImage` for a bad one or too many
+    (`limits` None: any number and size, for images already admitted)."""
     urls = message_images(messages)
-    if len(urls) > limits.max_images:
+    if limits is not None and len(urls) > limits.max_images:
         raise BadImage(f"{len(urls)} images in one request; at most {limits.max_images}")
     return [decode_data_url(url, limits) for url in urls]
 

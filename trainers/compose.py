@@ -162,7 +162,7 @@ def serving(config: RunConfig, engine: Engine, store: Store) -> Iterator[Served]
     if config.method.name in TOPK:  # every turn keeps the old student's top-k
         section = dataclasses.replace(section, top_logprobs=config.method.k)
     with (
-        serve_policy(engine, store, section, config.model.name) as (url, proxy),
+        serve_policy(engine, store, section, config.model) as (url, proxy),
         contextlib.closing(ProxySeat(url, key, admin_key=proxy.admin_key)) as seat,
         contextlib.closing(
             ProxySeat(url, key, turn_type=TurnType.SIDE, admin_key=proxy.admin_key)

@@ -23,6 +23,7 @@ from agents.config import (
     serve_key,
     validate_engine,
     validate_envs,
+    validate_model,
     validate_serve,
 )
 from trainers.compute_config import BackendConfig, ClusterConfig, validate_cluster
@@ -409,6 +410,7 @@ def validate(config: RunConfig) -> None:
     """Raises ValueError, saying the fix, for any value the run cannot use: each section's
     own validator, then the checks that span sections."""
     validate_envs(config.env)
+    validate_model(config.model)
     validate_engine(config.engine)
     validate_serve(config.serve)
     if (config.serve.api_keys or config.serve.api_keys_file) and not serve_key(config.serve):

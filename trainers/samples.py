@@ -28,7 +28,7 @@ import torch
 
 from agents.config import EnvConfig
 from agents.trajectory import Message, Session, Turn
-from agents.vision import images_of
+from agents.vision import BadImage, images_of
 from trainers.advantages import (
     combine_advantages,
     group_baseline,
@@ -138,15 +138,19 @@ def select(
     for seq, turn in fresh:
         group = sessions[turn.session_id].group_id
         keep_zero = group in several and not method.filter_groups
-        if method.name in TOPK:
-            assert encode is not None  # checked above
-            sample = topk_sample(seq, turn, centred.get(seq), method, encode)
-        elif method.name == "oel":
-            assert encode is not None
-            sample = oel_sample(seq, turn, sessions[turn.session_id], encode)
-        else:
-            advantages = _advantages(turn, rewards[seq], centred.get(seq), method, keep_zero)
-            sample = None if advantages is None else _sample(seq, turn, advantages)
+        try:
+            if method.name in TOPK:
+                assert encode is not None  # checked above
+                sample = topk_sample(seq, turn, centred.get(seq), method, encode)
+            elif method.name == "oel":
+                assert encode is not None
+                sample = oel_sample(seq, turn, sessions[turn.session_id], encode)
+            else:
+                advantages = _advantages(turn, rewards[seq], centred.get(seq), method, keep_zero)
+                sample = None if advantages is None else _sample(seq, turn, advantages)
+        except BadImage as bad:  # only an imported turn can hold one: the proxy refuses them
+            logger.warning("turn %d dropped: its prompt's image cannot be read: %s", seq, bad)
+            sample = None
         if sample is None or (method.filter_groups and group in silent):
             dropped.append(seq)
             continue
@@ -162,7 +166,8 @@ def _sample(seq: int, turn: Turn, advantages: torch.Tensor) -> TrainSample:
         rollout_logprobs=turn.completion_logprobs,
         advantages=tuple(advantages.tolist()),
         policy_version=turn.policy_version,
-        images=tuple(images_of(turn.prompt_messages)),
+        # any size: the request's limits admitted them when the turn was sampled
+        images=tuple(images_of(turn.prompt_messages, None)),
     )
 
 

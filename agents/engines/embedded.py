@@ -82,6 +82,7 @@ class EmbeddedEngine:
         max_batch: int = 32,
         context_length: int | None = None,
         prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+        image_limits: vision.ImageLimits | None = None,
     ):
         if threads is not None:
             torch.set_num_threads(threads)
@@ -91,6 +92,8 @@ class EmbeddedEngine:
         self.model, self.tokenizer = models.load(model)
         self.pixels = vision.Pixels(models.resolve(model)) if models.is_vision(model) else None
         """The image processor of a vision-language model, its outputs cached per image."""
+        self.image_limits = image_limits or vision.ImageLimits()
+        """What one request may carry; more is a `vision.BadImage` (a ValueError)."""
         use_grouped_sdpa(self.model)  # no copy of the KV cache per decode step
         self.context_length = context_length or int(
             self.model.config.get_text_config().max_position_embeddings
@@ -154,7 +157,7 @@ class EmbeddedEngine:
         sampling = sampling or SamplingParams()
         check_adapter(adapter, "embedded engine")
         self._refuse_overlong(messages, tools)
-        images = vision.images_of(messages)
+        images = vision.images_of(messages, self.image_limits)
         prompt_ids = self.encode(messages, tools, images)
         room = completion_room(len(prompt_ids), self.context_length)
         if images:
@@ -332,7 +335,7 @@ class EmbeddedEngine:
         each image's placeholder expanded to its tokens (`images`: the messages' images,
         decoded, when the caller has them)."""
         ids = template.encode(self.tokenizer, messages, tools)
-        images = vision.images_of(messages) if images is None else images
+        images = vision.images_of(messages, self.image_limits) if images is None else images
         if not images:
             return ids
         if self.pixels is None:

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agents.config import MAX_IMAGE_BYTES, MAX_IMAGES
 from agents.engines.base import BASE, MAX_TOP_LOGPROBS, POLICY, Engine
 from agents.engines.replicas import ReplicaSet, SessionEngine
 from agents.serving import openai_api as api
@@ -87,9 +88,10 @@ class ProxyConfig:
     top_logprobs: int = 0
     """Top-k log-probs every sampled turn keeps at each position, whatever its client asks
     for (the top-k methods train on them; 0: none)."""
-    max_image_bytes: int = 4 << 20
-    """Largest image a request may carry (decoded); larger is a 400 (`invalid_image`)."""
-    max_images: int = 16
+    max_image_bytes: int = MAX_IMAGE_BYTES
+    """Largest image a request may carry (decoded); larger is a 400 (`invalid_image`). A
+    run sets it from `model.max_image_bytes` (`agents.compose.proxy_config`)."""
+    max_images: int = MAX_IMAGES
     """Most images one request's messages may carry; more is a 400 (`invalid_image`)."""
 
     def image_limits(self) -> ImageLimits:

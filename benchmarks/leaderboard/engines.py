@@ -227,7 +227,11 @@ class Engines:
             store = Store(self.proxy_store)
             self._stack.callback(store.close)
             served = serve_policy(
-                self._open[key], store, ServeSection(port=0), key[1], env_id="benchmark"
+                self._open[key],
+                store,
+                ServeSection(port=0),
+                ModelConfig(key[1]),
+                env_id="benchmark",
             )
             url, _ = self._stack.enter_context(served)
             self._urls[key] = url

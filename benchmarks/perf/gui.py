@@ -4,14 +4,17 @@ per process, a browser context per env) against MiniWoB++'s own Selenium environ
 
     python -m benchmarks.perf.gui [--tasks click-test,enter-text] [--parallel 1,4,8]
                                   [--episodes 3] [--steps 10] [--rounds 2] [--screenshots]
+                                  [--observations]
 
 Every env plays `episodes` episodes of `steps` steps, each env on its own thread, all
 started together; env i plays task i of `--tasks` (round robin) with page seeds 0, 1, ...
 on both sides. A step is a mouse click on the instruction bar at (80, 25): it changes
 nothing, so it costs the same on every task and never ends an episode. Both sides observe
 text only (MiniWoB's DOM info without its screenshot, clawgym's page rendering);
-`--screenshots` adds one env with screenshots on both sides. Envs are built before timing
-starts; the cases run interleaved, `--rounds` times each.
+`--screenshots` adds one env with screenshots on both sides. `--observations` adds
+clawgym in each of its observation modes, `observation=dom` the baseline of `screenshot` (a
+PNG per page view, for a vision-language policy) and `both`, at each number of envs. Envs
+are built before timing starts; the cases run interleaved, `--rounds` times each.
 
 Prints one table: latencies, steps/s and its ratio to Selenium's with as many envs, and
 the CPU time a step costs summed over every process involved (Python, drivers, browser,
@@ -34,7 +37,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.table import Table
 
-from envs.gui.env import GUIEnv
+from envs.gui.env import GUIEnv, Observation
 
 STEP_POINT = (80.0, 25.0)
 TARGETS = "targets: step p50 <= 100 ms, reset p50 <= 300 ms, steps/s >= 2x Selenium's"
@@ -49,11 +52,9 @@ class Driver(Protocol):
 class ClawgymDriver:
     """clawgym/GUI-v0 on one task; a step is `click_at` on the instruction bar."""
 
-    def __init__(self, task: str, reuse_page: bool = True, screenshot: bool = False):
+    def __init__(self, task: str, reuse_page: bool = True, observation: Observation = "dom"):
         self.task_id = f"miniwob/{task}"
-        self.env = GUIEnv(
-            tasks=[task], reuse_page=reuse_page, observation="both" if screenshot else "dom"
-        )
+        self.env = GUIEnv(tasks=[task], reuse_page=reuse_page, observation=observation)
         self.action = {
             "role": "assistant",
             "content": None,
@@ -260,9 +261,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per episode")
     parser.add_argument("--screenshots", action="store_true", help="add a screenshot case")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved runs of every case")
+    parser.add_argument(
+        "--observations",
+        action="store_true",
+        help="add clawgym's observation modes, dom their baseline",
+    )
     args = parser.parse_args()
     tasks = args.tasks.split(",")
-    cases = _cases([int(n) for n in args.parallel.split(",")], args.screenshots)
+    parallel = [int(n) for n in args.parallel.split(",")]
+    cases = _cases(parallel, args.screenshots)
+    if args.observations:
+        cases += _observation_cases(parallel)
     results: list[Result | None] = [None] * len(cases)
     for _ in range(args.rounds):  # interleaved, so a burst of load elsewhere hits every case
         for index, (_, envs, make, _) in enumerate(cases):
@@ -300,7 +309,29 @@ def _cases(parallel: list[int], screenshots: bool) -> list[Case]:
             (
                 "clawgym GUI-v0 + screenshots",
                 1,
-                lambda t: ClawgymDriver(t, screenshot=True),
+                lambda t: ClawgymDriver(t, observation="both"),
+                "ours",
+            ),
+        ]
+    return cases
+
+
+def _observation_cases(parallel: list[int]) -> list[Case]:
+    """clawgym's observation modes at each number of envs, DOM-only the baseline."""
+    cases: list[Case] = []
+    for envs in parallel:
+        cases += [
+            ("clawgym observation=dom (baseline)", envs, ClawgymDriver, "baseline"),
+            (
+                "clawgym observation=screenshot",
+                envs,
+                lambda t: ClawgymDriver(t, observation="screenshot"),
+                "ours",
+            ),
+            (
+                "clawgym observation=both",
+                envs,
+                lambda t: ClawgymDriver(t, observation="both"),
                 "ours",
             ),
         ]

@@ -266,7 +266,7 @@ def measure(
     try:
         with (
             Store(scratch / f"store-{uuid.uuid4().hex}.sqlite") as store,
-            serve_policy(engine, store, serve, config.model.name) as (url, proxy),
+            serve_policy(engine, store, serve, config.model) as (url, proxy),
             contextlib.closing(ProxySeat(url, serve_key(serve), admin_key=proxy.admin_key)) as seat,
             ThreadPoolExecutor(1, "rollout-loop") as runner,
         ):

@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.compose import env_factory, serve_policy
-from agents.config import EnvConfig, ServeSection, serve_key
+from agents.config import EnvConfig, ModelConfig, ServeSection, serve_key
 from agents.engines.base import Completion, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
 from agents.seats import ProxySeat
@@ -152,7 +152,7 @@ def measure(
     slots = {name: EnvSlot(name, env, env_factory(env)) for name, env in config.env.items()}
     with (
         Store(scratch / f"store-{uuid.uuid4().hex}.sqlite") as store,
-        serve_policy(engine, store, serve, "tiny") as (url, proxy),
+        serve_policy(engine, store, serve, ModelConfig("tiny")) as (url, proxy),
         contextlib.closing(ProxySeat(url, serve_key(serve), admin_key=proxy.admin_key)) as seat,
         contextlib.closing(player_of(url, proxy.admin_key, seat)) as player,
     ):

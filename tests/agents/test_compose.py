@@ -5,6 +5,7 @@ import pytest
 from agents.compose import (
     build_engine,
     env_factory,
+    image_limits,
     place_beside_learner,
     proxy_config,
     sampling_params,
@@ -16,13 +17,15 @@ from agents.engines.embedded import EmbeddedEngine
 from agents.engines.remote import RemoteEngine
 from agents.store import Store
 from agents.trajectory import TurnType
+from agents.vision import ImageLimits
 
 
 def test_the_embedded_engine_is_built_from_its_config():
     config = EngineConfig(threads=1, max_batch=4, prefix_cache_tokens=100)
-    engine = build_engine(config, ModelConfig("tiny"))
+    engine = build_engine(config, ModelConfig("tiny", max_images=5))
     try:
         assert isinstance(engine, EmbeddedEngine) and engine.policy_version == 0
+        assert engine.image_limits == ImageLimits(max_images=5)
         assert engine._scheduler.prefixes.max_tokens == 100
         reply = engine.generate([{"role": "user", "content": "hi"}])
         assert reply.completion_token_ids and len(reply.completion_logprobs) == len(
@@ -71,7 +74,9 @@ def test_envs_and_sampling_come_from_their_sections():
 
 def test_the_proxy_takes_its_section_and_the_key_from_the_environment(monkeypatch):
     monkeypatch.setenv("CLAWGYM_API_KEY", "from-env")
-    config = proxy_config(ServeSection(turn_type="side", max_tokens=9), "tiny", env_id="bench")
+    config = proxy_config(
+        ServeSection(turn_type="side", max_tokens=9), ModelConfig("tiny"), env_id="bench"
+    )
     assert (config.api_key, config.default_turn_type, config.max_tokens, config.env_id) == (
         "from-env",
         TurnType.SIDE,
@@ -79,7 +84,21 @@ def test_the_proxy_takes_its_section_and_the_key_from_the_environment(monkeypatc
         "bench",
     )
     monkeypatch.delenv("CLAWGYM_API_KEY")
-    assert proxy_config(ServeSection(api_key="given"), "tiny").api_key == "given"
+    assert proxy_config(ServeSection(api_key="given"), ModelConfig("tiny")).api_key == "given"
+
+
+def test_the_models_image_limits_reach_the_proxy_and_bad_ones_say_the_fix():
+    model = ModelConfig("tiny-vl", max_image_bytes=1000, max_images=2)
+    config = proxy_config(ServeSection(), model)
+    assert config.image_limits() == image_limits(model) == ImageLimits(1000, 2)
+    assert proxy_config(ServeSection(), ModelConfig("tiny")).image_limits() == ImageLimits()
+    with pytest.raises(ValueError, match="model.max_image_bytes and model.max_images"):
+        image_limits(ModelConfig("tiny-vl", max_images=0))
+
+
+def test_a_vision_language_model_on_vllm_is_refused_saying_the_fix():
+    with pytest.raises(ValueError, match="engine=embedded"):
+        build_engine(EngineConfig(backend="vllm"), ModelConfig("tiny-vl"))
 
 
 def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key(
@@ -87,10 +106,15 @@ def test_serve_policy_serves_on_a_free_port_and_refuses_an_open_bind_without_key
 ):
     monkeypatch.delenv("CLAWGYM_API_KEY", raising=False)
     with Store(tmp_path / "s.sqlite") as store:
-        with serve_policy(tiny_engine, store, ServeSection(port=0), "tiny") as (url, proxy):
+        with serve_policy(tiny_engine, store, ServeSection(port=0), ModelConfig("tiny")) as (
+            url,
+            proxy,
+        ):
             assert url.startswith("http://127.0.0.1:") and proxy.engine is tiny_engine
         with pytest.raises(ValueError, match="api_key"):
-            with serve_policy(tiny_engine, store, ServeSection(host="0.0.0.0", port=0), "tiny"):
+            with serve_policy(
+                tiny_engine, store, ServeSection(host="0.0.0.0", port=0), ModelConfig("tiny")
+            ):
                 pass
 
 

@@ -18,6 +18,7 @@ from agents.demonstrations import (
 from agents.store import Store
 from agents.toolcalls import parse_tool_calls
 from agents.trajectory import SessionStatus
+from envs.arith.env import ArithEnv
 from envs.core import tool_calls_message
 
 TOOLS = [
@@ -154,3 +155,21 @@ def test_the_export_command_and_the_import_carry_every_turn_token_exactly(tmp_pa
         sessions = other.sessions()
         assert all(s.metadata[DEMONSTRATION].startswith("parquet:") for s in sessions)
         assert [s.outcome_reward for s in sessions] == [1.0, 1.0]
+
+
+class _Blindfolded(ArithEnv):
+    """Arith configured so that its reference agent cannot play any task (as GUI-v0's
+    solvers cannot when the agent sees only screenshots)."""
+
+    def reference_agent(self):
+        return None
+
+
+def test_an_env_whose_reference_agent_plays_no_task_cannot_demonstrate(tmp_path, tokenizer):
+    with (
+        Store(tmp_path / "store.sqlite") as store,
+        pytest.raises(NoReferenceAgent, match="no reference agent for any of the 2 tasks"),
+    ):
+        record_demonstrations(_Blindfolded, "blind", store, tokenizer, episodes=2, score=no_score)
+    with Store(tmp_path / "store.sqlite") as store:
+        assert store.sessions() == []

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from agents.compose import proxy_config
-from agents.config import ServeSection
+from agents.config import ModelConfig, ServeSection
 from agents.engines.embedded import EmbeddedEngine
 from agents.serving.identity import bearer, home_credentials, scope_of, stored_id
 from agents.serving.identity import user_credentials as lookup
@@ -42,7 +42,7 @@ def served(tiny_engine, tmp_path) -> Iterator[tuple[str, Store, Proxy]]:
     keys_file.write_text(f"# alice's key is being rotated\nalice {ALICE_NEW}\n")
     section = ServeSection(api_key=HOME, api_keys=[f"alice {ALICE_OLD}", BOB])
     section.api_keys_file = str(keys_file)
-    config = proxy_config(section, "tiny")
+    config = proxy_config(section, ModelConfig("tiny"))
     with Store(tmp_path / "s.sqlite") as store, running(tiny_engine, store, config) as (url, p):
         yield url.removesuffix("/v1"), store, p
 
@@ -97,7 +97,7 @@ def test_another_user_naming_the_id_gets_a_session_of_their_own(served):
 
 def test_users_keys_without_the_proxys_own_key_leave_no_client_keyless(tiny_engine, tmp_path):
     section = ServeSection(api_keys=[f"alice {ALICE_OLD}"])
-    config = proxy_config(section, "tiny")
+    config = proxy_config(section, ModelConfig("tiny"))
     assert home_credentials(None, users=True) == frozenset()
     assert lookup(config.user_keys)  # alice's key, by its hash
     with Store(tmp_path / "s.sqlite") as store, running(tiny_engine, store, config) as (url, p):

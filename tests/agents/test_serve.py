@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from agents.api_keys import user_of_key
 from agents.compose import proxy_config
-from agents.config import validate_serve
+from agents.config import ModelConfig, validate_serve
 from agents.engines.vllm_server import free_port
 from agents.serve import ServeRunConfig, serve
 from agents.store import Store
@@ -67,7 +67,7 @@ def test_bad_settings_say_what_to_fix(overrides, error, monkeypatch):
 def test_a_key_from_the_environment_allows_binding_beyond_loopback(monkeypatch):
     monkeypatch.setenv("CLAWGYM_API_KEY", "k")
     section = compose("serve.host=0.0.0.0").serve
-    assert proxy_config(section, "tiny").api_key == "k"
+    assert proxy_config(section, ModelConfig("tiny")).api_key == "k"
 
 
 def test_users_keys_allow_binding_beyond_loopback_and_reach_the_proxy(monkeypatch, tmp_path):
@@ -81,7 +81,7 @@ def test_users_keys_allow_binding_beyond_loopback_and_reach_the_proxy(monkeypatc
     ]
     section = compose(*overrides).serve
     validate_serve(section)
-    config = proxy_config(section, "tiny")
+    config = proxy_config(section, ModelConfig("tiny"))
     assert config.api_key is None
     assert config.user_keys == {"tml-solo": user_of_key("tml-solo"), "tml-a2": "alice"}
 

@@ -1,12 +1,21 @@
 """The learner on a vision-language policy (`tiny-vl`, real Qwen3-VL code, random weights):
-log-probs recomputed with the pixels the engine sampled with, LoRA on the language model."""
+log-probs recomputed with the pixels the engine sampled with, LoRA on the language model;
+and the whole way from the browser's screenshots through the proxy and the store to it."""
+
+import contextlib
+import copy
+import sqlite3
 
 import pytest
 import torch
 
 from agents.engines.base import POLICY, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
-from agents.vision import images_of
+from agents.rollout import run_episode
+from agents.seats import ProxySeat
+from agents.store import Store
+from agents.vision import digest, images_of
+from tests.agents.serving import running
 from tests.agents.test_vision import looking, png
 from trainers.config import TrainerConfig
 from trainers.learner import Learner
@@ -74,6 +83,83 @@ def test_recomputed_logprobs_match_the_sampled_ones_with_the_same_pixels(engine,
     blind = [TrainSample(**{**s.__dict__, "images": ()}) for s in samples[:1]]
     with pytest.raises(ValueError, match="placeholders"):
         learner._logprobs(blind)
+
+
+class SentRecorder:
+    """A seat that keeps a deep copy of the messages of every request it sends (what the
+    client sent, to hold the store to), then sends it with the seat it wraps."""
+
+    def __init__(self, seat):
+        self.seat, self.sent = seat, []
+
+    def open(self, session):
+        self.seat.open(session)
+
+    def reply(self, session_id, messages, tools, sampling):
+        self.sent.append(copy.deepcopy(list(messages)))
+        return self.seat.reply(session_id, messages, tools, sampling)
+
+    def end(self, *args, **kwargs):
+        self.seat.end(*args, **kwargs)
+
+
+@pytest.mark.browser
+def test_a_screenshot_episode_through_the_proxy_trains_on_exactly_what_the_policy_saw(
+    engine, tmp_path
+):
+    """GUI-v0 on Chromium with `observation=screenshot`, played through the proxy with the
+    official `openai` client (`ProxySeat`, as training rolls out): the store gives back the
+    very screenshots the client sent, kept once each by sha256 outside the SQLite file, and
+    the learner's log-probs of the stored turns, recomputed with those pixels, are the
+    sampled ones."""
+    from envs.gui.env import GUIEnv
+
+    env = GUIEnv(tasks=["click-test"], observation="screenshot", max_turns=3)
+    with contextlib.ExitStack() as stack:
+        stack.callback(env.close)
+        store = stack.enter_context(Store(tmp_path / "store.sqlite"))
+        url, proxy = stack.enter_context(running(engine, store))
+        seat = SentRecorder(
+            stack.enter_context(contextlib.closing(ProxySeat(url, admin_key=proxy.admin_key)))
+        )
+        summary = run_episode(
+            env,
+            seat,
+            env_id="clawgym/GUI-v0",
+            seed=0,
+            sampling=SamplingParams(temperature=1.0, max_tokens=12, seed=5),
+        )
+        turns = store.session(summary.session_id).turns
+        rows = [
+            r[0] for r in sqlite3.connect(store.path).execute("SELECT prompt_messages FROM turns")
+        ]
+        files = {p.name for p in store.images.folder.iterdir()}
+    assert len(turns) == len(seat.sent) == 3
+    for turn, sent in zip(turns, seat.sent, strict=True):
+        assert turn.prompt_messages == tuple(sent)  # the data URLs, character for character
+        shots = images_of(sent)
+        assert images_of(turn.prompt_messages) == shots and len(shots) == turn.index + 1
+        assert all(shot.startswith(b"\x89PNG") for shot in shots)
+        assert {digest(shot) + ".png" for shot in shots} <= files
+    assert all("base64," not in row and "sha256:" in row for row in rows)
+
+    learner = Learner("tiny-vl", TrainerConfig(lora_rank=4, lora_alpha=8), tmp_path / "learner")
+    assert {turn.policy_version for turn in turns} == {learner.version}
+    samples = [
+        TrainSample(
+            seq=turn.index,
+            prompt_ids=turn.prompt_token_ids,
+            completion_ids=turn.completion_token_ids,
+            rollout_logprobs=turn.completion_logprobs,
+            advantages=(0.0,) * len(turn.completion_token_ids),
+            policy_version=turn.policy_version,
+            images=tuple(images_of(turn.prompt_messages)),
+        )
+        for turn in turns
+    ]
+    gap = gaps(learner, samples)
+    print(f"log-prob gap over {gap.numel()} tokens: mean {gap.mean():.2e} max {gap.max():.2e}")
+    assert gap.max() < GAP, f"mean {gap.mean():.2e} max {gap.max():.2e}"
 
 
 def test_lora_trains_the_language_model_only_and_the_engine_serves_it(engine, tmp_path):

@@ -14,7 +14,8 @@ import pytest
 from agents.config import EnvConfig
 from agents.rollout import ELIDED
 from agents.store import Store
-from agents.trajectory import TurnStatus, TurnType
+from agents.trajectory import SessionStatus, TurnStatus, TurnType
+from agents.vision import images_of
 from trainers.config import RunConfig, validate
 from trainers.metrics import read_metrics
 
@@ -237,6 +238,98 @@ def test_bad_episodes_are_recorded_with_their_reasons_and_the_run_goes_on(tmp_pa
     assert ("floods", "truncated", "context") in ends, ends
     assert any(ELIDED in str(t.prompt_messages) for t in flooded), "no history was elided"
     assert summary.envs["dies"]["failed"] >= 1 and summary.envs["floods"]["truncated"] >= 1
+
+
+def composed(*overrides: str) -> RunConfig:
+    """The run config `python -m trainers.run` composes from these overrides (the model's
+    own run defaults included), for a run in this process: no interpreter to start."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from trainers.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(ROOT / "trainers" / "conf"), version_base=None):
+        cfg = compose("config", overrides=[*TINY, *TEST_DEFAULTS, *overrides, "run_dir=."])
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+# `env=gui env.gui.kwargs.observation=screenshot model=tiny-vl`, small: one task, two
+# rollouts of two turns a group, the outcome as the judge
+VL_GUI = [
+    "env.gui.kwargs.observation=screenshot",
+    "model=tiny-vl",
+    "method=binary",
+    "judge=env",
+    "+env.gui.kwargs.tasks=[click-test]",
+    "env.gui.kwargs.max_turns=2",
+    "env.gui.group_size=2",
+    "env.gui.max_tokens=8",
+    "trainer.max_steps=2",
+]
+
+
+@pytest.mark.browser
+def test_a_vl_policy_trains_on_gui_screenshots_from_the_plain_command(tmp_path):
+    """The plain command's config, made small: the warm start finds no demonstration (GUI's
+    solvers act by element id) and is skipped, tiny-vl's own run defaults
+    (trainers/conf/model_run/tiny-vl.yaml) play on though no group of the random model has
+    a signal, and the learner trains on turns with their screenshots."""
+    from trainers.run import train as train_in_process
+
+    config = composed("env=gui", *VL_GUI, "sft.warm_start_steps=1", "sft.episodes=2")
+    assert not config.method.filter_groups and config.rollout.max_signalless_groups == 0
+    summary = train_in_process(config, tmp_path)
+    assert (summary.steps, summary.adapter_version) == (2, 2)
+    with Store(tmp_path / "store.sqlite") as store:
+        trained = [t for _, t in store.turns(status=TurnStatus.TRAINED)]
+    assert len(trained) == summary.turns_trained >= 4
+    assert all(images_of(t.prompt_messages) for t in trained)
+    assert summary.logprob_gap_max < 1e-3
+
+
+@pytest.mark.browser
+def test_a_mixture_of_screenshots_and_text_trains_and_a_bad_image_fails_only_its_episode(
+    tmp_path,
+):
+    """`env=[gui,arith]`: GUI screenshots and arith's text played by one tiny-vl policy,
+    which trains on them; a third env shows an image over `model.max_image_bytes` (the one
+    setting the proxy and the engine read): the proxy refuses that request, the episode ends
+    failed saying why, its first turn is kept with the image as its next state, and the run
+    goes to its end."""
+    from trainers.run import train as train_in_process
+
+    config = composed(
+        "env=[gui,arith]",
+        *VL_GUI,
+        "env.arith.group_size=2",
+        "env.arith.max_tokens=8",
+        "env.arith.kwargs.max_turns=2",
+        "model.max_image_bytes=65536",
+        "rollout.groups_in_flight=3",
+        "trainer.batch_turns=4",
+    )
+    bad = {"fault": "image", "image": "large", "max_turns": 3}
+    config.env["bad"] = EnvConfig(id=FAULTY, kwargs=bad, group_size=2, max_tokens=8)
+    summary = train_in_process(config, tmp_path)
+    assert summary.steps == 2 and summary.envs["bad"]["failed"] >= 1
+    with Store(tmp_path / "store.sqlite") as store:
+        sessions = {s.session_id: s for s in store.sessions()}
+        refused = [store.session(i) for i, s in sessions.items() if s.env_id == "bad"]
+        turns = [t for _, t in store.turns(turn_type=TurnType.MAIN)]
+        trained = [t for t in turns if t.status == TurnStatus.TRAINED]
+    played = {sessions[t.session_id].env_id for t in turns}
+    assert played == {"gui", "arith", "bad"} and len(trained) == summary.turns_trained >= 8
+    # which env's groups the two steps took depends on which finished first
+    assert all(
+        bool(images_of(t.prompt_messages)) == (sessions[t.session_id].env_id == "gui")
+        for t in turns
+    )
+    for session in refused:
+        assert session.status == SessionStatus.FAILED
+        assert "over 65536 bytes" in session.metadata["end_reason"]
+        (turn,) = session.turns
+        assert len(images_of(turn.next_state, None)[0]) > 64 << 10  # kept, byte for byte
 
 
 def test_a_run_whose_groups_all_score_the_same_stops_saying_so(tmp_path):

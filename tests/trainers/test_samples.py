@@ -1,8 +1,11 @@
+import base64
+
 import pytest
 
 from agents.config import EnvConfig
 from agents.trajectory import Judgement, Session, SessionStatus
 from tests.agents.test_trajectory import make_turn
+from tests.agents.test_vision import png
 from trainers.config import MethodConfig
 from trainers.judge import HINT_HEADER
 from trainers.learning import TrainSample
@@ -141,6 +144,25 @@ def test_binary_live_turns_keep_the_judge_score_and_ties_are_masked():
     result = run(judged, found)
     assert {s.seq: s.advantages[0] for s in result.samples} == {1: 1.0, 3: -1.0}
     assert result.dropped == (2,)
+
+
+def test_a_turn_whose_image_cannot_be_read_is_dropped_and_an_admitted_one_trains():
+    """The proxy refuses bad images, so only an imported turn can hold one: it is dropped,
+    not a dead training loop. An image the proxy admitted trains at any size."""
+    big = "data:image/png;base64," + base64.b64encode(png((40, 40)) + bytes(5 << 20)).decode()
+    gif = "data:image/gif;base64,R0lGODlhAQABAAAAACw="
+    found = sessions(("x", None, None), ("y", None, None))
+    judged = [
+        (1, turn("x", score=1.0).replace(prompt_messages=tuple(looking_at(big)))),
+        (2, turn("y", score=-1.0).replace(prompt_messages=tuple(looking_at(gif)))),
+    ]
+    result = run(judged, found)
+    assert [s.seq for s in result.samples] == [1] and result.dropped == (2,)
+    assert len(result.samples[0].images[0]) > 4 << 20  # past the default limit
+
+
+def looking_at(url):
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
 
 
 def test_outcome_is_ignored_where_the_env_weighs_it_zero():
