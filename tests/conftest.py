@@ -20,6 +20,7 @@ stops, vLLM servers that take gigabytes each): under xdist each marker's tests r
 worker. Ray's tests (one Ray head on its fixed ports) share a file, hence a worker."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`gpu` tests need a CUDA device: skipped, saying so, where torch sees none. Each test
     gets its xdist group: its daemon's, or else its file's, so that a module's fixtures are

@@ -16,6 +16,7 @@ from agents import models
 CLOSE_TEST = "test_vllm.py::test_close_leaves_no_process_behind"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist adds "@<group>" to each node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The close test closes the session's vLLM server: it runs right after the last other
     test that uses the server, so that they all share one; the tests that start their own
