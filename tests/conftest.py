@@ -33,3 +33,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
         daemon = next((name for name in SHARED_DAEMONS if name in item.keywords), None)
         item.add_marker(pytest.mark.xdist_group(daemon or item.nodeid.partition("::")[0]))
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's hook, which adds "@<group>" to each node id
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup` the groups must have reached the node ids; a pytest that
+    keeps ids where xdist cannot rename them would schedule every test alone, silently."""
+    if getattr(session.config.option, "loadgroup", False) and session.items:
+        if "@" not in session.items[0].nodeid:
+            raise pytest.UsageError(
+                "xdist's groups did not reach the node ids (pytest-xdist and this pytest "
+                "disagree; see pyproject.toml's dev pins): the tests would share daemons "
+                "across workers"
+            )
