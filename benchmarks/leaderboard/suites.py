@@ -188,6 +188,15 @@ TASK_SETS: dict[str, TaskSet] = {
             {"split": "test"},
             where="benchmarks.leaderboard.suites:gui_lacks_solver",
         ),
+        # The same held-out GUI tasks seen as a screenshot alone, acted on by pixel tools: for
+        # vision-language policies (`policy=tiny-vl`, a VL checkpoint). No family holds it,
+        # so `suite=full` never shows a text-only model pictures; no oracle, since the
+        # scripted solvers act on element ids, which a screenshot does not show.
+        TaskSet(
+            "gui/test-screenshot",
+            "clawgym/GUI-v0",
+            {"split": "test", "observation": "screenshot"},
+        ),
         # BFCL single-turn is graded by bfcl-eval's AST checker inside the env; the exporter
         # writes BFCL's result lines so that its own CLI can re-score them.
         TaskSet(

@@ -267,3 +267,18 @@ def test_smoke_suite_with_tiny_from_the_command_line_writes_everything(tmp_path)
     with sqlite3.connect(out / "results.sqlite") as db:
         policies = {p for (p,) in db.execute("SELECT DISTINCT policy FROM results")}
     assert policies == {"tiny", "oracle", "do-nothing"}
+
+
+@pytest.mark.browser
+def test_a_vision_language_policy_plays_gui_on_screenshots(tmp_path):
+    """`suite=gui/test-screenshot policy=tiny-vl`: the held-out GUI tasks seen as screenshots
+    alone, played by the VL model through the pixel tools, and kept out of `suite=full`."""
+    assert "gui/test-screenshot" not in [t.name for t in suite("full")]
+    run = benchmark(config(tmp_path, suite="gui/test-screenshot", policy="tiny-vl", limit=1))
+    rows = {row.policy: row for row in run.results}
+    assert set(rows) == {"do-nothing", "tiny-vl"}  # no oracle acts on pixels
+    played = rows["tiny-vl"]
+    assert played.task_set == "gui/test-screenshot[1]" and played.errors == 0
+    with sqlite3.connect(run.store) as db:
+        (config_text,) = db.execute("SELECT config FROM runs").fetchone()
+    assert json.loads(config_text)["suite"] == "gui/test-screenshot"
