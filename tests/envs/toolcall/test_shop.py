@@ -69,11 +69,18 @@ def test_lookups_show_prices_only_and_the_total_is_graded_once(env):
     observation, info = env.reset(options={"task_id": "shop/test/0002"})
     assert {t["function"]["name"] for t in info["tools"]} == {"price", "calculator", "answer"}
     assert "16" not in json.dumps(observation)  # the prices are not in the question
-    calls = [("price", {"item": "candles"}), ("price", {"item": "Kite"}), ("price", {"item": "x"})]
+    calls = [
+        ("price", {"item": "candles", "quantity": 5}),
+        ("price", {"item": "Kite", "quantity": 3}),
+        ("price", {"item": "x", "quantity": 1}),
+        ("price", {"item": "hat", "quantity": 0}),
+        ("price", {"item": "hat", "quantity": 1.5}),
+    ]
     observation, reward, terminated, _, _ = env.step(tool_calls_message(calls))
     contents = [m["content"] for m in observation]
-    assert contents[:2] == ["16", "11"] and (reward, terminated) == (0.0, False)
+    assert contents[:2] == ["80", "33"] and (reward, terminated) == (0.0, False)
     assert contents[2].startswith(ERROR_PREFIX) and "candle, hat, kite, pear" in contents[2]
+    assert "at least 1" in contents[3] and "should be a JSON integer" in contents[4]
     assert "113" not in json.dumps(observation)
     unfinished = tool_calls_message([("calculator", {"expression": "5*16+"})])
     observation, _, _, _, _ = env.step(unfinished)
