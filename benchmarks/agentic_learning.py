@@ -21,8 +21,9 @@ unless `--check-start` asks it to, as a check that it starts where SFT ended. Pr
 table per env and method and draws `learning.png`, pass@1 against training steps with the
 intervals.
 
-pass@k is drawn at the start of each run (the base model) and at its end (`eval.pass_k_at`),
-not at the evaluations between.
+pass@k is drawn at the start of each run (the base model) and at its end, not at the
+evaluations between (`--pass-k-at`: `after` alone spares the base model's samples, which
+run to the token budget every turn).
 
 Envs: `shop` is ToolCall-v0's generated shopping sums (`env=shop`: look each price up, add
 them with the calculator, answer; four turns an episode), the multi-step tool task a 135M
@@ -96,7 +97,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         f"model={args.model}",
         f"eval.episodes={args.eval_episodes}",
         f"seed={args.seed}",
-        "eval.pass_k_at=[before,after]",
+        f"eval.pass_k_at=[{','.join(args.pass_k_at)}]",
     )
     planned = []
     for env in args.envs:
@@ -378,6 +379,13 @@ def main(argv: list[str] | None = None) -> None:
         "--check-start",
         action="store_true",
         help="evaluate each RL run's start again (the SFT adapter, already scored by SFT)",
+    )
+    parser.add_argument(
+        "--pass-k-at",
+        nargs="+",
+        default=["before", "after"],
+        choices=["before", "every", "after"],
+        help="the evaluations that draw pass@k samples (eval.pass_k_at)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/agentic-learning"))

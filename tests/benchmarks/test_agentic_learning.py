@@ -29,6 +29,7 @@ def _args(**changes) -> argparse.Namespace:
         eval_episodes=6,
         rl_eval_every=None,
         check_start=False,
+        pass_k_at=["before", "after"],
         seed=0,
         out=Path("out"),
     )
@@ -62,6 +63,7 @@ def test_binary_is_run_with_and_without_dynamic_sampling_by_name():
     assert "trainer.init_adapter=out/shop-sft" in dynamic and "method=binary" in dynamic
     # pass@k at each run's start (the base model) and end, not between
     assert all("eval.pass_k_at=[before,after]" in s for s in (sft, plain, dynamic))
+    assert "eval.pass_k_at=[after]" in stages(_args(pass_k_at=["after"]))[0].overrides
 
 
 def test_pass_at_k_cell_names_k_and_interval_or_says_it_was_not_drawn():
