@@ -1,11 +1,14 @@
 """Does a policy learn in the agentic environments? Held-out pass@1, with its 95% Wilson
-interval, of the base model, after supervised fine-tuning on the env's reference
-demonstrations, and after RL started from that SFT adapter (`binary` on the env's outcome,
-`combine` with the self-judge's step-wise scores and hints beside the outcome).
+interval, and pass@k (k samples a task, k the env's group size) of the base model, after
+supervised fine-tuning on the env's reference demonstrations, and after RL started from that
+SFT adapter (`binary` on the env's outcome, whole groups in order; `binary-dynamic` the same
+with dynamic sampling, `method.filter_groups=true`; `combine` with the self-judge's step-wise
+scores and hints beside the outcome).
 
-    python -m benchmarks.agentic_learning [--envs toolcall terminal] [--model smollm2-135m]
-        [--methods binary combine] [--demonstrations 160] [--sft-steps 30] [--rl-steps 12]
-        [--eval-episodes 60] [--rl-eval-every N] [--check-start] [--out runs/agentic-learning]
+    python -m benchmarks.agentic_learning [--envs shop toolcall terminal] [--model smollm2-135m]
+        [--methods binary binary-dynamic combine] [--demonstrations 160] [--sft-steps 30]
+        [--rl-steps 12] [--rl-lr 1e-4] [--eval-episodes 60] [--rl-eval-every N] [--check-start]
+        [--out runs/agentic-learning]
 
 Every stage is an ordinary training run (`python -m trainers.run`, its directory under
 `--out`), so each can be inspected, resumed, or put on the leaderboard
@@ -18,8 +21,15 @@ unless `--check-start` asks it to, as a check that it starts where SFT ended. Pr
 table per env and method and draws `learning.png`, pass@1 against training steps with the
 intervals.
 
-Envs: `toolcall` is ToolCall-v0 on BFCL's single-turn categories; `terminal` is
-Terminal-v0 on InterCode-ALFA's bash tasks in bubblewrap, five turns an episode.
+pass@k is drawn at the start of each run (the base model) and at its end, not at the
+evaluations between (`--pass-k-at`: `after` alone spares the base model's samples, which
+run to the token budget every turn).
+
+Envs: `shop` is ToolCall-v0's generated shopping sums (`env=shop`: look each price up, add
+them with the calculator, answer; four turns an episode), the multi-step tool task a 135M
+model partly solves after a short imitation; `toolcall` is ToolCall-v0 on BFCL's single-turn
+categories; `terminal` is Terminal-v0 on InterCode-ALFA's bash tasks in bubblewrap, five
+turns an episode.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from trainers.metrics import read_metrics, step_rows
 logger = logging.getLogger(__name__)
 
 ENVS: dict[str, tuple[str, ...]] = {
+    "shop": ("env=shop",),
     "toolcall": ("env=toolcall", "env.toolcall.kwargs.tasks=bfcl_single_turn"),
     "terminal": (
         "env=terminal",
@@ -56,11 +67,15 @@ ENVS: dict[str, tuple[str, ...]] = {
 """Each env's overrides of `trainers.run`."""
 
 RL_METHODS: dict[str, tuple[str, ...]] = {
-    "binary": ("method=binary", "judge=env"),
+    "binary": ("method=binary", "judge=env", "method.filter_groups=false"),
+    "binary-dynamic": ("method=binary", "judge=env", "method.filter_groups=true"),
     "combine": ("method=combine", "judge=self"),
 }
-"""Each RL method's overrides: binary learns from the env's outcome alone; combine adds
-the self-judge's per-turn scores and its hints (on-policy distillation)."""
+"""Each RL method's overrides: binary learns from the env's outcome alone, taking whole
+groups in order (a group whose rollouts all score the same adds turns of advantage 0; the
+filter is on by default, so it is turned off by name); binary-dynamic plays more groups
+until a step holds enough with reward variance (DAPO's dynamic sampling); combine adds the
+self-judge's per-turn scores and its hints (on-policy distillation)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         f"model={args.model}",
         f"eval.episodes={args.eval_episodes}",
         f"seed={args.seed}",
+        f"eval.pass_k_at=[{','.join(args.pass_k_at)}]",
     )
     planned = []
     for env in args.envs:
@@ -175,10 +191,20 @@ def wall_to_last_step(records: list[dict[str, Any]]) -> float:
 def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
     """One row per env and policy: base, SFT, and SFT + each RL method."""
     grid = Table(
-        title="held-out pass@1 (95% Wilson interval) and mean reward",
+        title="held-out pass@1 (95% Wilson interval), pass@k and mean reward",
         caption="wall s: to the run's last step, over all its processes, final evaluation out",
     )
-    columns = ("env", "policy", "pass@1", "95% interval", "reward", "n", "steps", "wall s")
+    columns = (
+        "env",
+        "policy",
+        "pass@1",
+        "95% interval",
+        "pass@k",
+        "reward",
+        "n",
+        "steps",
+        "wall s",
+    )
     for column in columns:
         grid.add_column(column, justify="left" if column in ("env", "policy") else "right")
     for stage, summary in results:
@@ -195,12 +221,22 @@ def table(results: list[tuple[Stage, dict[str, Any]]]) -> Table:
                 policy,
                 f"{score['pass_at_1']:.3f}",
                 f"[{score['low']:.3f}, {score['high']:.3f}]",
+                pass_at_k(score),
                 f"{score['reward']:.3f}",  # partial credit counts here, not in pass@1
                 str(score["episodes"]),
                 str(steps),
                 f"{wall:.0f}" if wall else "-",
             )
     return grid
+
+
+def pass_at_k(score: dict[str, Any]) -> str:
+    """An evaluation's pass@k with its k and 95% interval, or "-" where it drew no samples
+    (`eval.pass_k_at` left it out, or a summary written before pass@k existed)."""
+    if score.get("pass_at_k") is None:
+        return "-"
+    low, high = score["pass_at_k_low"], score["pass_at_k_high"]
+    return f"{score['pass_at_k']:.3f} (k={score['k']}) [{low:.3f}, {high:.3f}]"
 
 
 FAMILY_ENVS = ("toolcall",)
@@ -343,6 +379,13 @@ def main(argv: list[str] | None = None) -> None:
         "--check-start",
         action="store_true",
         help="evaluate each RL run's start again (the SFT adapter, already scored by SFT)",
+    )
+    parser.add_argument(
+        "--pass-k-at",
+        nargs="+",
+        default=["before", "after"],
+        choices=["before", "every", "after"],
+        help="the evaluations that draw pass@k samples (eval.pass_k_at)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/agentic-learning"))

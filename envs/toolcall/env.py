@@ -20,6 +20,10 @@ Task sets (`envs.toolcall.tasks`) are chosen by the `tasks` kwarg; each task is 
   tau2 scores a premature end. A user model that fails mid-episode ends the episode,
   truncated, with the reason in `info["aborted"]`; one that fails on the opening message
   makes `reset` raise `UserModelError` (there is no episode without it).
+- shop (`envs.toolcall.shop`): a shopping list whose prices the agent looks up with
+  `price`, sums with `calculator` and gives with `answer`; the first answer ends the
+  episode, 1 if it is the exact total, else 0. A reply without tool calls is told to call
+  the tools; cut short by the turn budget, the episode scores 0.
 
 Calls to unknown tools, with arguments that are not JSON or that do not fit the tool's
 schema, come back as error observations (BFCL single-turn grades the reply all the same,
@@ -40,10 +44,11 @@ from envs.core import (
     EpisodeEnd,
     Message,
     Reply,
+    error_message,
     tool_calls_message,
 )
 from envs.sandbox import close_held
-from envs.toolcall import bfcl
+from envs.toolcall import bfcl, shop
 from envs.toolcall.multiturn import BackendEntry, BackendSandbox
 from envs.toolcall.tasks import ToolCallTask, load_task_set
 from envs.toolcall.taubench import STOP_TOKENS, Tau2Session, communicate_info, plain_schema
@@ -109,6 +114,7 @@ class ToolCallEnv(AgentEnv):
         self._backends: BackendSandbox | None = None
         self._decoded: list[list[list[str]]] = []
         self._session: Tau2Session | None = None
+        self._shop: shop.ShopSession | None = None
         self._conversation: list[Message] = []
         self._grade: dict[str, Any] | None = None
 
@@ -122,6 +128,11 @@ class ToolCallEnv(AgentEnv):
         self.turn_index = 0
         self._grade = None
         self._session = None
+        self._shop = None
+        if self.task.kind == "shop":
+            self._shop = shop.ShopSession(self.task.data)
+            self._tools_now = self._shop.tools()
+            return
         if self.task.kind == "tau2":
             self._session = Tau2Session(self.task.category, self.task.data)
             self._tools_now = [self._tau2_tool(s) for s in self._session.tool_schemas()]
@@ -133,6 +144,8 @@ class ToolCallEnv(AgentEnv):
 
     def _first_messages(self) -> list[Message]:
         assert self.task is not None
+        if self._shop is not None:
+            return self._shop.messages()
         if self._session is None:
             return [dict(m) for m in self.task.data["question"][0]]
         opening = self.user.opening(self._scenario())
@@ -179,6 +192,9 @@ class ToolCallEnv(AgentEnv):
         observation, reward, terminated = super()._run_calls(calls)
         if self.task.kind == "bfcl_single":
             return observation, self._grade_single(bfcl.decode_calls(calls)), True
+        if self._shop is not None and self._shop.answered is not None:
+            total = self._shop.answered
+            self._grade = {"valid": bool(reward), "answer": total, "error_type": None}
         return observation, reward, terminated
 
     def _run_backend_step(self, calls: list[Message]) -> list[Message]:
@@ -242,6 +258,8 @@ class ToolCallEnv(AgentEnv):
             return Reply((_verdict(reward),), reward, terminated=True)
         if self.task.kind == "bfcl_multi":
             return self._next_turn()
+        if self.task.kind == "shop":
+            return Reply((error_message(shop.NO_CALL),))
         return self._tau2_reply(content)
 
     def _next_turn(self) -> Reply:
@@ -334,7 +352,8 @@ class ToolCallReferenceAgent:
     """Scripted reference solver. It reads the answer key from the env, as an oracle does:
     BFCL single-turn, the ground truth's calls; multi-turn, each turn's ground-truth calls
     in one step, then a reply that ends the turn; tau2, the task's reference actions one per
-    message, then a message with what the agent must tell the user."""
+    message, then a message with what the agent must tell the user; shop, the calls
+    `shop.reference_action` makes from the tools' results."""
 
     def __init__(self, env: ToolCallEnv):
         self.env = env
@@ -347,6 +366,8 @@ class ToolCallReferenceAgent:
         if "turn" not in info:  # a new episode
             self._issued = set()
             self._actions = tau2_actions(task.data) if task.kind == "tau2" else []
+        if task.kind == "shop":
+            return shop.reference_action(task.data, observation)
         if task.kind == "bfcl_single":
             calls = bfcl.reference_calls(task.data, task.category)
             if not calls:

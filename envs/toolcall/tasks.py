@@ -1,9 +1,10 @@
 """Task sets of the tool-call env, selected by name, each with a fixed held-out split.
 
 Names: any BFCL v4 category (`envs.toolcall.bfcl.SINGLE_TURN`, `MULTI_TURN`), the groups
-"bfcl_single_turn", "bfcl_live", "bfcl_multi_turn", and "tau2_retail", "tau2_airline",
-"tau2". BFCL ships no split: every fifth item of a category (by position) is held out as
-"test". tau2 ships its own fixed train / test split, used as it is.
+"bfcl_single_turn", "bfcl_live", "bfcl_multi_turn", "tau2_retail", "tau2_airline", "tau2",
+and "shop" (generated shopping sums with looked-up prices, `envs.toolcall.shop`). BFCL ships
+no split: every fifth item of a category (by position) is held out as "test". tau2 ships its
+own fixed train / test split, used as it is; shop generates its own, disjoint.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envs.toolcall import bfcl, taubench
+from envs.toolcall import bfcl, shop, taubench
 
 SPLITS = ("train", "test", "all")
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -21,7 +22,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "bfcl_multi_turn": bfcl.MULTI_TURN,
     "tau2": ("tau2_retail", "tau2_airline"),
 }
-Kind = Literal["bfcl_single", "bfcl_multi", "tau2"]
+Kind = Literal["bfcl_single", "bfcl_multi", "tau2", "shop"]
+SHOP = "shop"
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,10 @@ class ToolCallTask:
     """One task of any set.
 
     Attributes:
-        task_id: "bfcl/<BFCL id>" or "tau2/<domain>/<tau2 id>".
+        task_id: "bfcl/<BFCL id>", "tau2/<domain>/<tau2 id>" or "shop/<split>/<index>".
         kind: how it is played and graded.
-        category: the BFCL category, or the tau2 domain.
-        data: the BFCL item (with "answer") or the tau2 `Task`.
+        category: the BFCL category, the tau2 domain, or "shop".
+        data: the BFCL item (with "answer"), the tau2 `Task` or the `shop.ShopTask`.
     """
 
     task_id: str
@@ -45,6 +47,7 @@ def resolve(names: str | Sequence[str]) -> tuple[str, ...]:
     """Set names with the groups expanded, in order, without repeats."""
     listed = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
     known = set(bfcl.SINGLE_TURN + bfcl.MULTI_TURN) | {f"tau2_{d}" for d in taubench.DOMAINS}
+    known.add(SHOP)
     out: list[str] = []
     for name in listed:
         for member in GROUPS.get(name, (name,)):
@@ -68,6 +71,13 @@ def load_task_set(names: str | Sequence[str], split: str) -> dict[str, ToolCallT
 
 
 def _load_set(name: str, split: str) -> list[ToolCallTask]:
+    if name == SHOP:
+        splits = shop.SPLIT_SIZES if split == "all" else (split,)
+        return [
+            ToolCallTask(task.task_id, "shop", SHOP, task)
+            for part in splits
+            for task in shop.load_tasks(part).values()
+        ]
     if name.startswith("tau2_"):
         domain = name.removeprefix("tau2_")
         held = taubench.split_ids(domain, "test")

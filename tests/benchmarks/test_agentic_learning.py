@@ -6,6 +6,7 @@ from pathlib import Path
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, TurnType
 from benchmarks.agentic_learning import (
+    pass_at_k,
     rl_eval_every,
     solved_by_family,
     stages,
@@ -28,6 +29,7 @@ def _args(**changes) -> argparse.Namespace:
         eval_episodes=6,
         rl_eval_every=None,
         check_start=False,
+        pass_k_at=["before", "after"],
         seed=0,
         out=Path("out"),
     )
@@ -45,6 +47,30 @@ def test_rl_runs_start_from_the_sft_run_and_evaluate_at_start_middle_and_end():
     assert "trainer.init_adapter=out/terminal-sft" in binary and "judge=env" in binary
     assert "eval.every=2" in binary and "sft.warm_start_steps=0" in binary
     assert "judge=self" in planned[2].overrides
+
+
+def test_binary_is_run_with_and_without_dynamic_sampling_by_name():
+    # filter_groups defaults to true (trainers/config.py), so the plain line turns it off
+    planned = stages(_args(envs=["shop"], methods=["binary", "binary-dynamic"]))
+    assert [(s.env, s.name) for s in planned] == [
+        ("shop", "sft"),
+        ("shop", "binary"),
+        ("shop", "binary-dynamic"),
+    ]
+    sft, plain, dynamic = (s.overrides for s in planned)
+    assert "env=shop" in sft and "method=sft" in sft
+    assert "method.filter_groups=false" in plain and "method.filter_groups=true" in dynamic
+    assert "trainer.init_adapter=out/shop-sft" in dynamic and "method=binary" in dynamic
+    # pass@k at each run's start (the base model) and end, not between
+    assert all("eval.pass_k_at=[before,after]" in s for s in (sft, plain, dynamic))
+    assert "eval.pass_k_at=[after]" in stages(_args(pass_k_at=["after"]))[0].overrides
+
+
+def test_pass_at_k_cell_names_k_and_interval_or_says_it_was_not_drawn():
+    score = {"pass_at_k": 0.42, "k": 4, "pass_at_k_low": 0.33, "pass_at_k_high": 0.521234}
+    assert pass_at_k(score) == "0.420 (k=4) [0.330, 0.521]"
+    assert pass_at_k({"pass_at_k": None, "k": 0}) == "-"
+    assert pass_at_k({"pass_at_1": 0.5}) == "-"  # a summary from before pass@k
 
 
 def test_rl_eval_every_zero_evaluates_at_start_and_end_only():
