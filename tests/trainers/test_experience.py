@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from agents.engines.base import SamplingParams
-from agents.engines.embedded import EmbeddedEngine
 from agents.store import Store
 from agents.trajectory import Session, SessionStatus, TurnStatus, TurnType
 from tests.agents.test_trajectory import make_turn
@@ -38,10 +37,8 @@ QUESTION = {"role": "user", "content": "What is the capital of France?"}
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = EmbeddedEngine("tiny", threads=1)
-    yield engine
-    engine.close()
+def engine(tiny_engine):
+    return tiny_engine  # the session's engine on `tiny` (tests/conftest.py)
 
 
 def test_the_notes_go_into_the_system_prompt_or_make_one():

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from agents.engines.base import SamplingParams
-from agents.engines.embedded import EmbeddedEngine
 from agents.trajectory import Judgement
 from tests.agents.test_trajectory import make_turn
 from trainers.config import TrainerConfig
@@ -25,10 +24,8 @@ CANDIDATES = ("Answer in French, please.", "Use bullet points for everything.", 
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = EmbeddedEngine("tiny", threads=1)
-    yield engine
-    engine.close()
+def engine(tiny_engine):
+    return tiny_engine  # the session's engine on `tiny` (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import torch
 
 from agents import models
 from agents.engines.base import SamplingParams
-from agents.engines.embedded import EmbeddedEngine
 from trainers.config import TrainerConfig
 from trainers.learner import Learner
 from trainers.learning import TrainSample
@@ -21,10 +20,8 @@ HINTED = [{"role": "user", "content": "Say something about the sea.\n\nAnswer in
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = EmbeddedEngine("tiny", threads=1)
-    yield engine
-    engine.close()
+def engine(tiny_engine):
+    return tiny_engine  # the session's engine on `tiny` (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
