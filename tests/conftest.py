@@ -28,9 +28,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import torch
 
     skip = pytest.mark.skip(reason="needs a CUDA device (torch sees none)")
+    grouped = config.pluginmanager.hasplugin("xdist")  # not under `-p no:xdist`
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+        if not grouped:
+            continue
         daemon = next((name for name in SHARED_DAEMONS if name in item.keywords), None)
         item.add_marker(pytest.mark.xdist_group(daemon or item.nodeid.partition("::")[0]))
 

@@ -151,7 +151,11 @@ class TrainerConfig:
     lora_alpha: int = 32
     """LoRA alpha."""
     target_modules: list[str] = field(default_factory=lambda: list(PROJECTIONS))
-    """Modules that get adapters: every projection by default."""
+    """Modules that get adapters: every projection by default. On a vision-language model
+    they are matched inside its language model only (`trainers.lora.lora_targets`)."""
+    train_vision_tower: bool = False
+    """A vision-language model: also put LoRA on every linear layer of its vision tower
+    (attention, MLP, the merger into the language model), which is frozen otherwise."""
     clip_low: float = 0.2
     """PPO ratio lower clip: 1 - clip_low."""
     clip_high: float = 0.28

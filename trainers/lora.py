@@ -1,7 +1,8 @@
 """Where the local learner's model lives and what memory it may use: the base model on its
-device and dtype with a peft LoRA adapter (`lora_model`), the activations' estimate that
-turns gradient checkpointing on per pass (`activation_bytes` against `available_memory`),
-and glibc's mmap threshold (`set_mmap_threshold`).
+device and dtype with a peft LoRA adapter (`lora_model`, on the modules `lora_targets`
+picks), the activations' estimate that turns gradient checkpointing on per pass
+(`activation_bytes` against `available_memory`), and glibc's mmap threshold
+(`set_mmap_threshold`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,67 @@ def lora_model(model_name: str, config: TrainerConfig) -> tuple[Any, torch.devic
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
-        target_modules=list(config.target_modules),
+        target_modules=lora_targets(base, model_name, config),
         lora_dropout=0.0,
         task_type="CAUSAL_LM",
     )
     # peft keeps the adapter's weights in float32 under a bf16 base (autocast_adapter_dtype)
     return get_peft_model(base, lora), device
+
+
+def lora_targets(model: Any, model_name: str, config: TrainerConfig) -> list[str]:
+    """The modules a fresh adapter goes on. A text model: `trainer.target_modules`, which
+    peft matches as name suffixes. A vision-language model: its linear layers by full name
+    (`select_lora_modules`), since suffixes alone reach into the vision tower (Qwen2.5-VL's
+    names its MLP gate_proj, up_proj and down_proj too).
+
+    Raises:
+        ValueError: `trainer.train_vision_tower` on a model without one.
+    """
+    if not models.is_vision(model_name):
+        if config.train_vision_tower:
+            raise ValueError(
+                f"trainer.train_vision_tower=true, but {model_name} has no vision tower"
+            )
+        return list(config.target_modules)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    names = {id(module): name for name, module in model.named_modules()}
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    return select_lora_modules(
+        linears,
+        language_model=names[id(decoder)],
+        head=names.get(id(head)),
+        suffixes=config.target_modules,
+        vision_tower=config.train_vision_tower,
+    )
+
+
+def select_lora_modules(
+    linears: list[str],
+    language_model: str,
+    head: str | None,
+    suffixes: list[str],
+    vision_tower: bool,
+) -> list[str]:
+    """Of a vision-language model's linear layers (full names), those under its language
+    model (the module named `language_model`) whose last name is in `suffixes`; with
+    `vision_tower`, also every one outside the language model except the output `head`."""
+
+    def in_language_model(name: str) -> bool:
+        return name == language_model or name.startswith(language_model + ".")
+
+    chosen = [
+        name
+        for name in linears
+        if (in_language_model(name) and name.rsplit(".", 1)[-1] in suffixes)
+        or (vision_tower and not in_language_model(name) and name != head)
+    ]
+    if not chosen:
+        raise ValueError(
+            f"no linear layer of the language model ({language_model}) is named one of "
+            f"trainer.target_modules {sorted(suffixes)}"
+        )
+    return chosen
 
 
 def memory_budget(config: TrainerConfig, device: torch.device) -> int:

@@ -20,6 +20,7 @@ from tests.agents.test_vision import looking, png
 from trainers.config import TrainerConfig
 from trainers.learner import Learner
 from trainers.learning import TrainSample
+from trainers.lora import select_lora_modules
 
 GAP = 1e-3
 """Largest gap allowed between sampled and recomputed log-probs, in fp32."""
@@ -177,3 +178,65 @@ def test_lora_trains_the_language_model_only_and_the_engine_serves_it(engine, tm
     learner.version = 1
     gap = gaps(learner, samples)
     assert gap.max() < GAP, f"mean {gap.mean():.2e} max {gap.max():.2e}"
+
+
+def test_vision_tower_flag_puts_lora_on_it_and_the_engine_serves_what_it_learned(tmp_path):
+    engine = EmbeddedEngine("tiny-vl", threads=2)  # its own: the module's serves v1 by now
+    try:
+        tower_flag_round_trip(engine, tmp_path)
+    finally:
+        engine.close()
+
+
+def tower_flag_round_trip(engine, tmp_path):
+    config = TrainerConfig(lora_rank=4, lora_alpha=8, lr=5e-2, train_vision_tower=True)
+    learner = Learner("tiny-vl", config, tmp_path)
+    trainable = [name for name, _ in learner._trainable()]
+    towers = {
+        name.split(".visual.")[1].split(".lora_")[0] for name in trainable if ".visual." in name
+    }
+    # every linear layer of the tower: attention, MLP, the merger and the deepstack merger
+    assert {"blocks.0.attn.qkv", "blocks.0.mlp.linear_fc2", "merger.linear_fc1"} <= towers
+    assert "deepstack_merger_list.0.linear_fc2" in towers
+    visual = {n: p.detach().clone() for n, p in learner._trainable() if ".visual." in n}
+    learner.step(sampled(engine))
+    changed = [n for n, p in learner._trainable() if n in visual and not torch.equal(p, visual[n])]
+    assert changed, "no LoRA weight of the vision tower moved"
+    engine.load_adapter(str(learner.save_adapter()), 1)
+    samples = sampled(engine, count=2, version=1)
+    learner.version = 1
+    gap = gaps(learner, samples)
+    assert gap.max() < GAP, f"mean {gap.mean():.2e} max {gap.max():.2e}"
+
+
+def test_lora_targets_by_suffix_stay_in_the_language_model_unless_the_tower_is_asked_for():
+    # Qwen2.5-VL's names: its vision MLP shares the language model's projection names
+    linears = [
+        "model.visual.blocks.0.attn.qkv",
+        "model.visual.blocks.0.mlp.gate_proj",
+        "model.visual.blocks.0.mlp.down_proj",
+        "model.visual.merger.mlp.0",
+        "model.language_model.layers.0.self_attn.q_proj",
+        "model.language_model.layers.0.mlp.gate_proj",
+        "model.language_model.layers.0.mlp.down_proj",
+        "lm_head",
+    ]
+    language = "model.language_model"
+    assert select_lora_modules(linears, language, "lm_head", ["q_proj", "down_proj"], False) == [
+        "model.language_model.layers.0.self_attn.q_proj",
+        "model.language_model.layers.0.mlp.down_proj",
+    ]
+    assert select_lora_modules(linears, language, "lm_head", ["q_proj"], True) == [
+        "model.visual.blocks.0.attn.qkv",
+        "model.visual.blocks.0.mlp.gate_proj",
+        "model.visual.blocks.0.mlp.down_proj",
+        "model.visual.merger.mlp.0",
+        "model.language_model.layers.0.self_attn.q_proj",
+    ]
+    with pytest.raises(ValueError, match="target_modules"):
+        select_lora_modules(linears, language, "lm_head", ["c_attn"], False)
+
+
+def test_the_vision_tower_flag_on_a_text_model_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no vision tower"):
+        Learner("tiny", TrainerConfig(train_vision_tower=True), tmp_path)
