@@ -356,7 +356,8 @@ def hint_chooser(
             )
         return functools.partial(longest_hint, engine)
     chunk = config.trainer.logprob_chunk
-    return HintChooser(learner.model, engine.encode, config.judge.overlap_k, chunk).choose
+    k = config.judge.overlap_k
+    return HintChooser(learner.model, engine.encode, k, chunk, learner.pixels).choose
 
 
 def rollout_loop(

@@ -30,9 +30,10 @@ import torch
 
 from agents.engines.base import Engine
 from agents.trajectory import Judgement, Turn
+from agents.vision import PixelInputs, Pixels, images_of
 from trainers.distillation import select_hint, topk_overlap
 from trainers.judge import teacher_logprobs, with_hint
-from trainers.logprobs import padded_states
+from trainers.logprobs import padded_states, vision_head, vision_states
 from trainers.samples import Encode
 
 
@@ -47,20 +48,31 @@ class Scored:
 
 
 def score_contexts(
-    causal_lm: Any, prompts: Sequence[Sequence[int]], completion: Sequence[int], k: int, chunk: int
+    causal_lm: Any,
+    prompts: Sequence[Sequence[int]],
+    completion: Sequence[int],
+    k: int,
+    chunk: int,
+    pixels: PixelInputs | None = None,
 ) -> list[Scored]:
     """Each prompt's top-k and sampled-token log-probs at the completion's positions, from
     one right-padded pass (call it without gradient); the vocabulary projection runs
-    `chunk` positions at a time."""
+    `chunk` positions at a time. With `pixels` (a vision-language model's prompts, which
+    share their images), a pass per prompt with them, markup tokens masked as the engine
+    samples (`trainers.logprobs.vision_states`)."""
     sequences = [[*prompt, *completion] for prompt in prompts]
-    hidden = padded_states(causal_lm, sequences)
-    head = causal_lm.get_output_embeddings()
+    if pixels is None:
+        hidden: Sequence[torch.Tensor] = padded_states(causal_lm, sequences)
+        head = causal_lm.get_output_embeddings()
+    else:
+        hidden = [vision_states(causal_lm, sequence, pixels) for sequence in sequences]
+        head = vision_head(causal_lm)
     scored = []
     for row, prompt in enumerate(prompts):
         tops, sampled = [], []
         for start in range(len(prompt), len(sequences[row]), chunk):
             stop = min(start + chunk, len(sequences[row]))
-            logits = head(hidden[row, start - 1 : stop - 1]).float()
+            logits = head(hidden[row][start - 1 : stop - 1]).float()
             logsoftmax = torch.log_softmax(logits, dim=-1)
             tops.append(logsoftmax.topk(k, dim=-1).indices.cpu())
             taken = torch.tensor(sequences[row][start:stop], device=logits.device)
@@ -99,10 +111,14 @@ class HintChooser:
         encode: the engine's `encode`, which rendered the turn's own prompt.
         k: the size of both top-k sets (`judge.overlap_k`).
         chunk: positions a vocabulary projection takes at once (`trainer.logprob_chunk`).
+        pixels: a vision-language model's image processor (the learner's), else None.
     """
 
-    def __init__(self, model: Any, encode: Encode, k: int, chunk: int):
+    def __init__(
+        self, model: Any, encode: Encode, k: int, chunk: int, pixels: Pixels | None = None
+    ):
         self.model, self.encode, self.k, self.chunk = model, encode, k, chunk
+        self.pixels = pixels
 
     def choose(self, turn: Turn) -> Judgement:
         """The turn's judgement with a hint chosen among its candidates by overlap."""
@@ -115,21 +131,34 @@ class HintChooser:
         ]
         completion = turn.completion_token_ids
         causal_lm = self.model.get_base_model()
+        pixels = self._pixels(turn)
         with torch.no_grad():
             with self.model.disable_adapter():
-                teachers = score_contexts(causal_lm, prompts, completion, self.k, self.chunk)
-            student = self._student(turn, causal_lm)
+                teachers = score_contexts(
+                    causal_lm, prompts, completion, self.k, self.chunk, pixels
+                )
+            student = self._student(turn, causal_lm, pixels)
         scores = overlaps(student, [t.top_ids for t in teachers])
         return chosen_judgement(judgement, scores, teachers)
 
-    def _student(self, turn: Turn, causal_lm: Any) -> torch.Tensor:
+    def _pixels(self, turn: Turn) -> PixelInputs | None:
+        """The pixels of the turn's screenshots (a hint adds text only: every candidate's
+        prompt holds the same images)."""
+        images = images_of(turn.prompt_messages, None)
+        if images and self.pixels is None:
+            raise ValueError(f"turn {turn.session_id}/{turn.index} has images; the model none")
+        return self.pixels(images) if self.pixels is not None else None
+
+    def _student(self, turn: Turn, causal_lm: Any, pixels: PixelInputs | None) -> torch.Tensor:
         """The old student's top-k ids as stored, else the current adapter's."""
         stored = turn.completion_top_ids
         if stored and len(stored[0]) >= self.k:
             return torch.tensor([ids[: self.k] for ids in stored], dtype=torch.long)
         prompt = turn.prompt_token_ids
-        scored = score_contexts(causal_lm, [prompt], turn.completion_token_ids, self.k, self.chunk)
-        return scored[0].top_ids
+        completion = turn.completion_token_ids
+        return score_contexts(causal_lm, [prompt], completion, self.k, self.chunk, pixels)[
+            0
+        ].top_ids
 
 
 def longest_hint(teacher: Engine, turn: Turn) -> Judgement:

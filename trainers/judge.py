@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from agents.engines.base import BASE, POLICY, Engine, SamplingParams
 from agents.trajectory import Judgement, Message, Session, Turn
+from agents.vision import images_of
 from trainers.distillation import accepted_hints, select_hint
 from trainers.judge_config import JudgeConfig
 
@@ -109,9 +110,18 @@ def with_hint(messages: Sequence[Message], hint: str) -> list[dict[str, Any]]:
     copied = [dict(m) for m in messages]
     for message in reversed(copied):
         if message.get("role") == "user":
-            message["content"] = _text(message.get("content")) + HINT_HEADER + hint
+            content = message.get("content")
+            if isinstance(content, list) and any(_is_image(p) for p in content):
+                # the images stay where they were: the teacher sees what the student saw
+                message["content"] = [*content, {"type": "text", "text": HINT_HEADER + hint}]
+            else:
+                message["content"] = _text(content) + HINT_HEADER + hint
             return copied
     return [*copied, {"role": "user", "content": HINT_HEADER.lstrip() + hint}]
+
+
+def _is_image(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") != "text"
 
 
 def _text(content: Any) -> str:
@@ -251,8 +261,11 @@ def teacher_logprobs(teacher: Engine, turn: Turn, hint: str | None) -> tuple[flo
     """The base model's log-probs of the student's own tokens in the hinted context."""
     if hint is None:
         return None
-    prompt = teacher.encode(with_hint(turn.prompt_messages, hint), turn.tools or None)
-    return tuple(teacher.score(prompt, turn.completion_token_ids, adapter=BASE))
+    messages = with_hint(turn.prompt_messages, hint)
+    prompt = teacher.encode(messages, turn.tools or None)
+    # a vision-language policy's teacher sees the screenshots its student saw
+    images = images_of(messages, None)
+    return tuple(teacher.score(prompt, turn.completion_token_ids, BASE, images))
 
 
 # Everyday English for "that was not what I wanted" and "that was what I wanted". A

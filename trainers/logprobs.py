@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from agents.vision import Pixels, forward_inputs, markup_ids, masked_logits
+from agents.vision import PixelInputs, Pixels, forward_inputs, markup_ids, masked_logits
 from trainers.learning import TrainSample
 from trainers.losses import entropy
 
@@ -183,16 +183,15 @@ def vision_logprobs_and_entropy(
     engine built them (`agents.vision.forward_inputs`), the pixels preprocessed once per
     image (`Pixels` caches them). No packing or prefix sharing: two prompts with the same
     ids may hold different images."""
-    device = model.get_output_embeddings().weight.device
-    head = _MaskedHead(model.get_output_embeddings(), torch.tensor(markup_ids(model.config)))
+    head = vision_head(model)
     gather = _gather_logprobs_and_entropy if with_entropy else _gather_logprobs
     logprobs, entropies = [], []
     for sample in samples:
-        ids = torch.tensor([[*sample.prompt_ids, *sample.completion_ids]], device=device)
-        inputs = forward_inputs(model, ids, torch.ones_like(ids), pixels(sample.images))
-        hidden = model.model(input_ids=ids, **inputs).last_hidden_state[0]
-        start, end = len(sample.prompt_ids), ids.shape[1]
-        targets, states = ids[0, start:end], hidden[start - 1 : end - 1]
+        sequence = [*sample.prompt_ids, *sample.completion_ids]
+        hidden = vision_states(model, sequence, pixels(sample.images))
+        start, end = len(sample.prompt_ids), len(sequence)
+        targets = torch.tensor(sequence[start:end], device=hidden.device)
+        states = hidden[start - 1 : end - 1]
         pieces = [
             checkpoint(
                 gather,
@@ -206,6 +205,22 @@ def vision_logprobs_and_entropy(
         logprobs.append(torch.cat([p[0][:, 0] for p in pieces]) if pieces else torch.zeros(0))
         entropies.append(torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0))
     return logprobs, entropies
+
+
+def vision_states(model: Any, sequence: Sequence[int], pixels: PixelInputs | None) -> torch.Tensor:
+    """A vision-language model's last hidden states over one token sequence [len, hidden],
+    with its images' pixels and M-RoPE positions built as the engine built them
+    (`agents.vision.forward_inputs`: ValueError where placeholders and images disagree)."""
+    device = model.get_output_embeddings().weight.device
+    ids = torch.tensor([list(sequence)], device=device)
+    inputs = forward_inputs(model, ids, torch.ones_like(ids), pixels)
+    return model.model(input_ids=ids, **inputs).last_hidden_state[0]
+
+
+def vision_head(model: Any) -> torch.nn.Module:
+    """A vision-language model's output projection with its markup tokens masked, as the
+    engine samples (`agents.vision.markup_ids`)."""
+    return _MaskedHead(model.get_output_embeddings(), torch.tensor(markup_ids(model.config)))
 
 
 class _MaskedHead(torch.nn.Module):

@@ -35,6 +35,15 @@ def check_adapter(adapter: str | None, engine: str) -> None:
         raise ValueError(f"unknown adapter {adapter!r}; the {engine} serves {POLICY!r} or None")
 
 
+def refuse_images(images: Sequence[bytes], engine: str) -> None:
+    """ValueError for an engine that scores text only, asked to score with images."""
+    if images:
+        raise ValueError(
+            f"the {engine} scores text only, not a prompt with {len(images)} images: score a "
+            "vision-language policy's turns on the embedded engine"
+        )
+
+
 def completion_room(prompt_length: int, context_length: int) -> int:
     """How many tokens a completion may take after a prompt of `prompt_length` tokens;
     `ContextExceeded` if not even one."""
@@ -169,9 +178,15 @@ class Engine(Protocol):
         ...
 
     def score(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: str | None = BASE,
+        images: Sequence[bytes] = (),
     ) -> list[float]:
-        """Log-prob of each completion token after the prompt."""
+        """Log-prob of each completion token after the prompt; `images`, decoded, are the
+        prompt's (a vision-language model's placeholders in `prompt_ids` are theirs).
+        An engine that scores text only raises ValueError for images (`refuse_images`)."""
         ...
 
     def load_adapter(self, path: str, version: int) -> None:

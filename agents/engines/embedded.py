@@ -55,6 +55,7 @@ from agents.engines.base import (
 )
 from agents.engines.batching import END, EventSink, Request, Scheduler
 from agents.engines.char_bound import char_bound, request_chars
+from agents.engines.detokenize import Detokenizer
 from agents.engines.vision_decode import decode_alone
 
 logger = logging.getLogger(__name__)
@@ -347,24 +348,45 @@ class EmbeddedEngine:
         return vision.expand(ids, self.model.config.image_token_id, counts)
 
     def score(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: str | None = BASE,
+        images: Sequence[bytes] = (),
     ) -> list[float]:
+        """A vision-language model scores with the pixels and M-RoPE positions it samples
+        with, its markup tokens masked as when sampling; its prompts' placeholders must
+        match `images` (ValueError otherwise)."""
         check_adapter(adapter, "embedded engine")
+        if images and self.pixels is None:
+            raise ValueError(f"the model {self.model_name!r} takes no images")
+        pixels = self.pixels(images) if self.pixels is not None else None
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
         # Bound like a request: a publish meanwhile never overwrites the slot it reads.
         slot = self._scheduler.bind_policy()[0] if adapter == POLICY else None
         try:
-            return self._scheduler.call(lambda: self._score(ids, len(prompt_ids), slot))
+            return self._scheduler.call(lambda: self._score(ids, len(prompt_ids), slot, pixels))
         finally:
             self._scheduler.release(slot)
 
-    def _score(self, ids: torch.Tensor, prompt_length: int, slot: str | None) -> list[float]:
+    def _score(
+        self,
+        ids: torch.Tensor,
+        prompt_length: int,
+        slot: str | None,
+        pixels: vision.PixelInputs | None,
+    ) -> list[float]:
         """Runs on the scheduler thread; `slot` None is the base model."""
         model, extra = self._scheduler.adapters.lora_model([slot])
+        if self.pixels is not None:
+            extra = {**extra, **vision.forward_inputs(model, ids, torch.ones_like(ids), pixels)}
         with torch.inference_mode():
             logits = model(input_ids=ids, **extra).logits
+        logits = vision.masked_logits(
+            logits[0, prompt_length - 1 : -1].float(), self._scheduler.banned
+        )
         return (
-            torch.log_softmax(logits[0, prompt_length - 1 : -1].float(), dim=-1)
+            torch.log_softmax(logits, dim=-1)
             .gather(-1, ids[0, prompt_length:, None])[:, 0]
             .tolist()
         )
@@ -413,7 +435,7 @@ class _Reply:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
-        self.text = _Detokenizer(engine.tokenizer) if deltas else None
+        self.text = Detokenizer(engine.tokenizer) if deltas else None
         self.eos = engine._eos_ids() if deltas else set()
 
     def add(self, item: Any) -> TokenChunk | None:
@@ -458,38 +480,3 @@ class _Reply:
             top_ids=tuple(ids for ids, _ in self.tops),
             top_logprobs=tuple(values for _, values in self.tops),
         )
-
-
-class _Detokenizer:
-    """Text deltas of a growing token sequence at a constant cost per token.
-
-    Decoding the whole sequence at every token costs O(n^2) (150 ms of CPU for a
-    512-token reply on SmolLM2's tokenizer, measured here). Only a window is decoded: from
-    the start of the last emitted token's predecessor, so that tokenizers that render a
-    token differently at the start of a text (a leading space) still give the right
-    delta. Text is held back while it ends in an incomplete UTF-8 character.
-    """
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0
-        """Start of the decoded window."""
-        self.read = 0
-        """End of the text already emitted."""
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        shown = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        window = self.tokenizer.decode(self.ids[self.prefix :])
-        if len(window) <= len(shown) or window.endswith("\ufffd"):
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return window[len(shown) :]
-
-    def rest(self) -> str:
-        """The text of the tokens pushed but not yet emitted (the stream has ended)."""
-        if self.read == len(self.ids):
-            return ""
-        shown = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        return self.tokenizer.decode(self.ids[self.prefix :])[len(shown) :]

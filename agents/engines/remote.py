@@ -32,6 +32,7 @@ from agents.engines.base import (
     TokenChunk,
     ToolSchema,
     check_adapter,
+    refuse_images,
 )
 from agents.engines.openai_http import (
     OpenAIHTTP,
@@ -112,10 +113,15 @@ class RemoteEngine(ThreadedAsync):
         return openai_http.encode(self._http, self.model, messages, tools)
 
     def score(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: str | None = BASE,
+        images: Sequence[bytes] = (),
     ) -> list[float]:
         """Log-probs through vLLM's `prompt_logprobs`; other servers answer with an error."""
         check_adapter(adapter, "remote engine")
+        refuse_images(images, "remote engine")
         return openai_http.score(self._http, self.model, prompt_ids, completion_ids)
 
     def load_adapter(self, path: str, version: int) -> None:

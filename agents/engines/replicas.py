@@ -233,9 +233,15 @@ class ReplicaSet:
         return self._call(None, lambda engine: engine.encode(messages, tools))
 
     def score(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: str | None = BASE,
+        images: Sequence[bytes] = (),
     ) -> list[float]:
-        return self._call(None, lambda engine: engine.score(prompt_ids, completion_ids, adapter))
+        return self._call(
+            None, lambda engine: engine.score(prompt_ids, completion_ids, adapter, images)
+        )
 
     def load_adapter(self, path: str, version: int) -> None:
         with self._lock:

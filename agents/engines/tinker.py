@@ -33,6 +33,7 @@ from agents.engines.base import (
     ToolSchema,
     check_adapter,
     completion_room,
+    refuse_images,
 )
 
 logger = logging.getLogger(__name__)
@@ -122,10 +123,15 @@ class TinkerEngine(WholeReplies):
         return template.encode(self.tokenizer, messages, tools)
 
     def score(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: str | None = BASE,
+        images: Sequence[bytes] = (),
     ) -> list[float]:
         from tinker import types
 
+        refuse_images(images, "Tinker engine")
         client, _ = self._client(adapter)
         ids = [*prompt_ids, *completion_ids]
         scored = client.compute_logprobs(types.ModelInput.from_ints(ids)).result()

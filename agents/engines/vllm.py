@@ -64,6 +64,7 @@ from agents.engines.base import (
     TokenChunk,
     ToolSchema,
     check_adapter,
+    refuse_images,
 )
 from agents.engines.openai_http import (
     OpenAIHTTP,
@@ -309,8 +310,13 @@ class VLLMEngine(ThreadedAsync):
             return openai_http.encode(self._http, self.base_name, messages, tools)
 
     def score(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: str | None = BASE
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: str | None = BASE,
+        images: Sequence[bytes] = (),
     ) -> list[float]:
+        refuse_images(images, "vLLM engine")
         with self._using(adapter) as (name, _), self._checked():
             return openai_http.score(self._http, name, prompt_ids, completion_ids)
 

@@ -70,7 +70,13 @@ class _Unsupported(WholeReplies):
     def encode(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None) -> Any:
         raise NotImplementedError("benchmark engines only generate")
 
-    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], adapter: Any = BASE):
+    def score(
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        adapter: Any = BASE,
+        images: Sequence[bytes] = (),
+    ) -> Any:
         raise NotImplementedError("benchmark engines only generate")
 
     def load_adapter(self, path: str, version: int) -> None:

@@ -68,7 +68,7 @@ class ScriptedEngine(ThreadedAsync):
             shown = text
         yield self.engine._completion(prompt, ids, logprobs, sampling, self.policy_version, tools)
 
-    def score(self, prompt_ids, completion_ids, adapter=None):
+    def score(self, prompt_ids, completion_ids, adapter=None, images=()):
         return self.engine.score(prompt_ids, completion_ids, adapter)
 
     def load_adapter(self, path, version):

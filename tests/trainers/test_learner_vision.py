@@ -9,15 +9,18 @@ import sqlite3
 import pytest
 import torch
 
-from agents.engines.base import POLICY, SamplingParams
+from agents.engines.base import BASE, POLICY, SamplingParams
 from agents.engines.embedded import EmbeddedEngine
 from agents.rollout import run_episode
 from agents.seats import ProxySeat
 from agents.store import Store
+from agents.trajectory import Judgement, Turn, TurnType
 from agents.vision import digest, images_of
 from tests.agents.serving import running
 from tests.agents.test_vision import looking, png
 from trainers.config import TrainerConfig
+from trainers.hint_choice import HintChooser
+from trainers.judge import teacher_logprobs, with_hint
 from trainers.learner import Learner
 from trainers.learning import TrainSample
 from trainers.lora import select_lora_modules
@@ -240,3 +243,65 @@ def test_lora_targets_by_suffix_stay_in_the_language_model_unless_the_tower_is_a
 def test_the_vision_tower_flag_on_a_text_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match="no vision tower"):
         Learner("tiny", TrainerConfig(train_vision_tower=True), tmp_path)
+
+
+def screenshot_turn(engine, messages, judgement=None):
+    """A stored-like turn of the base policy answering `messages` (images and text)."""
+    completion = engine.generate(
+        messages, None, SamplingParams(temperature=1.0, max_tokens=12, seed=3), BASE
+    )
+    return Turn(
+        session_id="shot",
+        index=0,
+        turn_type=TurnType.MAIN,
+        prompt_messages=tuple(messages),
+        prompt_token_ids=completion.prompt_token_ids,
+        completion_token_ids=completion.completion_token_ids,
+        completion_logprobs=completion.completion_logprobs,
+        completion=completion.message,
+        policy_version=completion.policy_version,
+        judgement=judgement,
+    )
+
+
+def test_the_teacher_of_a_screenshot_turn_sees_its_screenshots(engine, tmp_path):
+    """OPD's teacher on a vision-language policy: the hinted prompt keeps the turn's images
+    and the engine scores the student's tokens with their pixels; the learner's own pass
+    over the same hinted prompt and pixels (a fresh adapter: the base model) agrees."""
+    messages = looking(png((96, 64)), png((64, 64), (9, 9, 9)))
+    turn = screenshot_turn(engine, messages)
+    hint = "Click the button at the top."
+    hinted = with_hint(messages, hint)
+    assert images_of(hinted) == images_of(messages)
+    teacher = teacher_logprobs(engine, turn, hint)
+    learner = Learner("tiny-vl", TrainerConfig(lora_rank=4, lora_alpha=8), tmp_path)
+    recomputed = TrainSample(
+        seq=0,
+        prompt_ids=tuple(engine.encode(hinted)),
+        completion_ids=turn.completion_token_ids,
+        rollout_logprobs=teacher,
+        advantages=(0.0,) * len(teacher),
+        policy_version=learner.version,
+        images=tuple(images_of(hinted)),
+    )
+    gap = gaps(learner, [recomputed])
+    assert gap.max() < GAP, f"mean {gap.mean():.2e} max {gap.max():.2e}"
+    # unhinted, the base model's score is what it sampled
+    rescored = engine.score(
+        turn.prompt_token_ids, turn.completion_token_ids, BASE, images_of(messages)
+    )
+    assert max(abs(a - b) for a, b in zip(rescored, turn.completion_logprobs, strict=True)) < GAP
+    with pytest.raises(ValueError, match="placeholders"):  # its ids without its images
+        engine.score(turn.prompt_token_ids, turn.completion_token_ids, BASE)
+
+
+def test_hint_choice_on_a_screenshot_turn_scores_each_candidate_with_its_pixels(engine, tmp_path):
+    messages = looking(png((160, 120), (255, 255, 255)))
+    candidates = ("Click the button.", "Look at the whole page first, then click.")
+    turn = screenshot_turn(engine, messages, Judgement(score=-1, hint_candidates=candidates))
+    learner = Learner("tiny-vl", TrainerConfig(lora_rank=4, lora_alpha=8), tmp_path)
+    chooser = HintChooser(learner.model, engine.encode, 4, 128, learner.pixels)
+    chosen = chooser.choose(turn)
+    assert chosen.hint in candidates and len(chosen.hint_overlaps) == 2
+    expected = teacher_logprobs(engine, turn, chosen.hint)
+    assert max(abs(a - b) for a, b in zip(chosen.teacher_logprobs, expected, strict=True)) < GAP

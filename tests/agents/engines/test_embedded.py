@@ -140,11 +140,11 @@ def test_a_streamed_reply_that_ends_at_eos_has_no_eos_text(tiny_engine):
     ],
 )
 def test_text_deltas_add_up_to_the_decoded_text(tiny_engine, text):
-    from agents.engines.embedded import _Detokenizer
+    from agents.engines.detokenize import Detokenizer
 
     tokenizer = tiny_engine.tokenizer
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    deltas = _Detokenizer(tokenizer)
+    deltas = Detokenizer(tokenizer)
     shown = []
     for end, token in enumerate(ids, start=1):
         shown.append(deltas.push(token))
