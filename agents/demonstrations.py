@@ -23,7 +23,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 
@@ -33,6 +33,7 @@ from agents.seats import DirectSeat
 from agents.store import Store
 from agents.toolcalls import assistant_message
 from agents.trajectory import Judgement, Session, SessionStatus, Turn, TurnType
+from agents.vision import images_of
 from envs.core import Action, AgentEnv, ScriptedAgent, solved
 
 logger = logging.getLogger(__name__)
@@ -41,12 +42,29 @@ DEMONSTRATION = "demonstration"
 """The session metadata key that marks a demonstration; its value says where it came from
 (the reference agent's class, or `parquet:PATH`)."""
 
-Score = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
-"""Log-prob of each completion token after the prompt, under some policy."""
+
+class Score(Protocol):
+    """Log-prob of each completion token after the prompt, under some policy; a
+    vision-language prompt's decoded images after them (its placeholders expanded)."""
+
+    def __call__(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], images: Sequence[bytes]
+    ) -> Sequence[float]: ...
+
+
+Expand = Callable[[list[int], Sequence[bytes]], list[int]]
+"""A vision-language model's prompt ids with each image's placeholder repeated for its
+tokens (`agents.vision.expand`), as the engine feeds them."""
 
 
 class NoReferenceAgent(ValueError):
     """The environment has no scripted solver for a task: it cannot demonstrate it."""
+
+
+class AgentFailed(ValueError):
+    """The reference agent raised choosing its action (a page it does not read as it
+    expects, an action it cannot take): its demonstration ends failed with the reason, the
+    way a refused request ends a rollout, and the others go on."""
 
 
 def completion_token_ids(
@@ -136,6 +154,8 @@ class ScriptedPolicy:
         version: the policy version the log-probs are from.
         context_length: a prompt that leaves no room for the reply is refused as past the
             context (`ContextExceeded`), so the episode elides old output as a rollout does.
+        expand: a vision-language policy's placeholder expansion (`Expand`), for prompts
+            with images (a GUI episode on screenshots); None refuses images.
     """
 
     def __init__(
@@ -145,9 +165,10 @@ class ScriptedPolicy:
         score: Score,
         version: int = 0,
         context_length: int | None = None,
+        expand: Expand | None = None,
     ):
         self.play, self.tokenizer, self.score = play, tokenizer, score
-        self.version, self.context_length = version, context_length
+        self.version, self.context_length, self.expand = version, context_length, expand
 
     def generate(
         self,
@@ -156,7 +177,12 @@ class ScriptedPolicy:
         sampling: SamplingParams | None = None,
         adapter: str | None = BASE,
     ) -> Completion:
-        action = self.play.act()
+        try:
+            action = self.play.act()
+        except Exception as failure:
+            raise AgentFailed(
+                f"the reference agent could not act: {type(failure).__name__}: {failure}"
+            ) from failure
         reply = {"role": "assistant", "content": action} if isinstance(action, str) else action
         prompt_ids = list(
             self.tokenizer.apply_chat_template(
@@ -167,6 +193,11 @@ class ScriptedPolicy:
                 return_dict=True,
             )["input_ids"]
         )
+        images = images_of(messages, None)
+        if images:
+            if self.expand is None:
+                raise ValueError("a prompt with images, demonstrated for a text policy")
+            prompt_ids = self.expand(prompt_ids, images)
         completion_ids = completion_token_ids(self.tokenizer, messages, tools, reply)
         if self.context_length and len(prompt_ids) + len(completion_ids) > self.context_length:
             raise ContextExceeded(
@@ -179,7 +210,9 @@ class ScriptedPolicy:
             message=message,
             prompt_token_ids=tuple(prompt_ids),
             completion_token_ids=tuple(completion_ids),
-            completion_logprobs=tuple(float(x) for x in self.score(prompt_ids, completion_ids)),
+            completion_logprobs=tuple(
+                float(x) for x in self.score(prompt_ids, completion_ids, images)
+            ),
             finish_reason="tool_calls" if message.get("tool_calls") else "stop",
             policy_version=self.version,
             text=self.tokenizer.decode(completion_ids, skip_special_tokens=False),
@@ -209,6 +242,7 @@ def record_demonstrations(
     version: int = 0,
     seed: int = 0,
     context_length: int | None = None,
+    expand: Expand | None = None,
 ) -> list[EpisodeSummary]:
     """Plays `episodes` episodes of the env with its reference agent, each on a different
     task of its split while there are tasks left (a seeded shuffle), and stores them as
@@ -218,7 +252,7 @@ def record_demonstrations(
 
     Raises:
         NoReferenceAgent: the env has no scripted solver, or one for none of the tasks it
-            played (a GUI env whose agent sees only screenshots: its solvers act by element).
+            played.
     """
     play = ReferencePlay(make_env())
     try:
@@ -233,7 +267,7 @@ def record_demonstrations(
         ids = list(play.unwrapped.task_ids())  # type: ignore[attr-defined]
         random.Random(seed).shuffle(ids)
         seat = DemonstrationSeat(
-            ScriptedPolicy(play, tokenizer, score, version, context_length), store
+            ScriptedPolicy(play, tokenizer, score, version, context_length, expand), store
         )
         summaries = [
             run_episode(play, seat, env_id=env_name, task_id=ids[n % len(ids)], seed=seed + n)

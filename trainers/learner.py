@@ -27,6 +27,7 @@ checkpoints on disk in `trainers.checkpoints`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from agents import models
 from agents.vision import Pixels
@@ -50,11 +50,10 @@ from trainers.checkpoints import (
 from trainers.config import TrainerConfig, checkpointing_mode
 from trainers.learning import OBJECTIVES, StepMetrics, TrainSample
 from trainers.logprobs import (
-    MIN_SHARED_PREFIX,
+    PrefixScorer,
     packed_turns,
     pad_rows,
     padded_tokens,
-    shared_prefix_length,
     span_logprobs_at,
     vision_logprobs_and_entropy,
 )
@@ -105,10 +104,8 @@ class Learner:
         self.trained_seqs: tuple[int, ...] = ()
         self.ledger: list[list[int]] = []
         """The store seqs trained at each step, in order: checkpointed with the weights."""
-        self._held_prefix: tuple[int, tuple[int, ...], list[Any]] | None = None
-        self._last_scored: tuple[int, ...] | None = None
-        """`logprobs`' prefix reuse: the kept prefix (version, tokens, keys and values)
-        and the last sequence scored."""
+        self._scorer = PrefixScorer(self.device)
+        """`logprobs`' prefix reuse."""
         self.start_weights: dict[str, torch.Tensor] | None = None
         """A frozen copy of the LoRA weights of the first policy step, RL's start (the
         reference of `StepMetrics.kl_to_start`; `trainer.kl_estimate`): checkpointed."""
@@ -137,7 +134,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         self.version += 1
-        self._held_prefix = None
+        self._scorer.forget()
         self.trained_seqs = tuple(s.seq for s in samples)
         self.ledger.append(list(self.trained_seqs))
         advantages = [a for s in samples for a in s.advantages]
@@ -254,53 +251,24 @@ class Learner:
                 sums["gap_max"] = max(sums["gap_max"], float(gaps.max()))
                 sums["gap_tokens"] += len(sample.completion_ids)
 
-    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
-        """Log-prob of each completion token after the prompt under the current adapter.
-
-        One call after another (a demonstration's turns, each scored as it is played) begin
-        with the same system prompt and tool schemas: the keys and values of the prefix a
-        call shares with the one before are kept, for this adapter version, and calls that
-        begin with it compute only their own tokens."""
-        sequence = (*prompt_ids, *completion_ids)
-        causal_lm = self.model.get_base_model()
+    def logprobs(
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        images: Sequence[bytes] = (),
+    ) -> list[float]:
+        """Log-prob of each completion token after the prompt under the current adapter;
+        a vision-language prompt with its decoded `images`, in a pass of its own. Calls one
+        after another (a demonstration's turns) reuse the prefix they share
+        (`trainers.logprobs.PrefixScorer`)."""
+        if not images:
+            causal_lm = self.model.get_base_model()
+            return self._scorer(causal_lm, self.version, prompt_ids, completion_ids)
+        zeros = (0.0,) * len(completion_ids)
+        sample = TrainSample(0, tuple(prompt_ids), tuple(completion_ids), zeros, zeros, 0)
         with torch.no_grad():
-            held = self._scoring_prefix(causal_lm, sequence, len(prompt_ids))
-            length = len(held[0]) if held else 0
-            ids = torch.tensor([sequence[length:]], device=self.device)
-            positions = torch.arange(length, len(sequence), device=self.device)[None]
-            cache = DynamicCache(ddp_cache_data=held[1]) if held else None
-            hidden = causal_lm.get_decoder()(
-                input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=False
-            ).last_hidden_state[0]
-            states = hidden[len(prompt_ids) - length - 1 : len(sequence) - length - 1]
-            logits = causal_lm.get_output_embeddings()(states).float()
-            targets = torch.tensor(completion_ids, device=self.device)
-            values = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-        return [float(x) for x in values.cpu()]
-
-    def _scoring_prefix(
-        self, causal_lm: Any, sequence: tuple[int, ...], start: int
-    ) -> tuple[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None:
-        """The kept prefix (its tokens, each layer's keys and values) that `sequence` begins
-        with, short of its first scored token; a new one where this call shares enough with
-        the last (`MIN_SHARED_PREFIX`); None: no prefix to reuse."""
-        held = self._held_prefix
-        if held and held[0] == self.version and len(held[1]) < start:
-            if sequence[: len(held[1])] == held[1]:
-                return held[1], held[2]
-        last, self._last_scored = self._last_scored, sequence
-        if last is None:
-            return None
-        shared = min(shared_prefix_length([last, sequence]), start - 1)
-        if shared < MIN_SHARED_PREFIX:
-            return None
-        prefix = sequence[:shared]
-        out = causal_lm.get_decoder()(
-            input_ids=torch.tensor([prefix], device=self.device), use_cache=True
-        )
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        self._held_prefix = (self.version, prefix, layers)
-        return prefix, layers
+            scored = self._logprobs([dataclasses.replace(sample, images=tuple(images))])
+        return [float(x) for x in scored[0].cpu()]
 
     def _logprobs(self, batch: list[TrainSample]) -> list[torch.Tensor]:
         return self._logprobs_and_entropy(batch, with_entropy=False)[0]
@@ -449,7 +417,8 @@ class Learner:
             ValueError: no adapter there, or one shaped unlike this learner's LoRA.
         """
         path = load_adapter(self.model, adapter)
-        self.version, self._held_prefix = 1, None
+        self.version = 1
+        self._scorer.forget()
         logger.info("starting from the adapter at %s (served as version 1)", path)
         return self.save_adapter()
 
@@ -482,7 +451,7 @@ class Learner:
             return None
         state = load_lora_checkpoint(found, self.model, self.optimizer)
         self.step_count, self.version = state["step"], state["version"]
-        self._held_prefix = None
+        self._scorer.forget()
         self.trained_seqs = tuple(state["trained_seqs"])
         self.ledger = [list(seqs) for seqs in state["ledger"]]
         start = found / START_WEIGHTS

@@ -304,3 +304,72 @@ def padded_tokens(
 
 def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
+
+
+class PrefixScorer:
+    """Log-probs of completions scored one call after another (a demonstration's turns,
+    each as it is played), which begin with the same system prompt and tool schemas: the
+    keys and values of the prefix a call shares with the one before are kept, for one
+    adapter version, and calls that begin with it compute only their own tokens."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._held: tuple[int, tuple[int, ...], list[Any]] | None = None
+        """The kept prefix: the version it was computed at, its tokens, each layer's keys
+        and values."""
+        self._last: tuple[int, ...] | None = None
+        """The last sequence scored."""
+
+    def forget(self) -> None:
+        """Drops the kept prefix (the weights changed)."""
+        self._held = None
+
+    def __call__(
+        self,
+        causal_lm: Any,
+        version: int,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+    ) -> list[float]:
+        """Log-prob of each completion token after the prompt (no gradient)."""
+        from transformers import DynamicCache
+
+        sequence = (*prompt_ids, *completion_ids)
+        with torch.no_grad():
+            held = self._prefix(causal_lm, version, sequence, len(prompt_ids))
+            length = len(held[0]) if held else 0
+            ids = torch.tensor([sequence[length:]], device=self.device)
+            positions = torch.arange(length, len(sequence), device=self.device)[None]
+            cache = DynamicCache(ddp_cache_data=held[1]) if held else None
+            hidden = causal_lm.get_decoder()(
+                input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=False
+            ).last_hidden_state[0]
+            states = hidden[len(prompt_ids) - length - 1 : len(sequence) - length - 1]
+            logits = causal_lm.get_output_embeddings()(states).float()
+            targets = torch.tensor(completion_ids, device=self.device)
+            values = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+        return [float(x) for x in values.cpu()]
+
+    def _prefix(
+        self, causal_lm: Any, version: int, sequence: tuple[int, ...], start: int
+    ) -> tuple[tuple[int, ...], list[Any]] | None:
+        """The kept prefix (its tokens, each layer's keys and values) that `sequence` begins
+        with, short of its first scored token; a new one where this call shares enough with
+        the last (`MIN_SHARED_PREFIX`); None: no prefix to reuse."""
+        held = self._held
+        if held and held[0] == version and len(held[1]) < start:
+            if sequence[: len(held[1])] == held[1]:
+                return held[1], held[2]
+        last, self._last = self._last, sequence
+        if last is None:
+            return None
+        shared = min(shared_prefix_length([last, sequence]), start - 1)
+        if shared < MIN_SHARED_PREFIX:
+            return None
+        prefix = sequence[:shared]
+        out = causal_lm.get_decoder()(
+            input_ids=torch.tensor([prefix], device=self.device), use_cache=True
+        )
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        self._held = (version, prefix, layers)
+        return prefix, layers

@@ -20,9 +20,10 @@ from dataclasses import asdict
 
 import gymnasium as gym
 
-from agents import models
+from agents import models, vision
 from agents.demonstrations import (
     DEMONSTRATION,
+    Expand,
     NoReferenceAgent,
     end_reason,
     import_parquet,
@@ -100,6 +101,7 @@ def prepare_demonstrations(
                 version=learner.version,
                 seed=seed,
                 context_length=context_length,
+                expand=image_expansion(learner),
             )
         except NoReferenceAgent as missing:  # the other envs may still demonstrate
             logger.warning("no demonstrations of %s: %s", name, missing)
@@ -113,6 +115,20 @@ def prepare_demonstrations(
         raise DemonstrationsFailed(failures(failed, floor))
     if failed:
         logger.warning("%s; the other envs' demonstrations train", failures(failed, floor))
+
+
+def image_expansion(learner: Learner) -> Expand | None:
+    """A vision-language learner's expansion of each image placeholder in a prompt's ids to
+    its image's tokens (the engine's rule, `agents.vision.expand`); None for a text one."""
+    pixels = learner.pixels
+    if pixels is None:
+        return None
+    pad = learner.model.config.image_token_id
+
+    def expand(ids: list[int], images: Sequence[bytes]) -> list[int]:
+        return vision.expand(ids, pad, pixels.token_counts(pixels(images)))
+
+    return expand
 
 
 def failures(failed: Mapping[str, Sequence[EpisodeSummary]], floor: float | None) -> str:
@@ -228,6 +244,7 @@ class SFTLoop:
                 turn.completion_logprobs,
                 (1.0,) * len(turn.completion_token_ids),
                 turn.policy_version,
+                images=tuple(vision.images_of(turn.prompt_messages, None)),
             )
             for seq, turn in batch
         ]

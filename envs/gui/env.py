@@ -32,6 +32,7 @@ from playwright.async_api import Error as PlaywrightError
 from envs.core import AgentEnv, EpisodeAborted, Message, Reply, ScriptedAgent, ToolResult
 from envs.gui.browser import BrowserCrashed, BrowserHost, acquire_host, release_host
 from envs.gui.page import NO_TIME_LIMIT_MS, TASK_AREA, PageConfig, TaskPage
+from envs.gui.pixel_agent import PixelGUIAgent
 from envs.gui.render import PageView, page_message, view_from_js
 from envs.gui.solvers import SOLVERS, ScriptedGUIAgent
 from envs.gui.tasks import GUITask, load_split
@@ -167,11 +168,20 @@ class GUIEnv(AgentEnv):
         return self._tool_list
 
     def reference_agent(self) -> ScriptedAgent | None:
-        """MiniWoB++'s scripted solver of the task, where one is written; none for a
-        screenshot-only agent (the solvers read the element list and act by element id)."""
-        if self.task is None or self.task.name not in SOLVERS or self.observation == "screenshot":
+        """MiniWoB++'s scripted solver of the task, where one is written; for a
+        screenshot-only agent, the solver acting on pixels (`PixelGUIAgent`)."""
+        if self.task is None or self.task.name not in SOLVERS:
             return None
+        if self.observation == "screenshot":
+            return PixelGUIAgent(self, self.task.name)
         return ScriptedGUIAgent(self.task.name)
+
+    def element_point(self, element: int) -> tuple[float, float]:
+        """Where element `element`'s centre is on the screenshot, in its pixels (what a
+        reference agent acting on pixels clicks); `ToolCallError` for no such element."""
+        target = self._run(self._locate(element))
+        scale = self.page_config.scale
+        return float(target["x"]) * scale, float(target["y"]) * scale
 
     def _info(self) -> dict[str, Any]:
         page = self._page

@@ -38,7 +38,7 @@ TOOLS = [
 HISTORY = [{"role": "user", "content": "What is 6 times 7?"}]
 
 
-def no_score(prompt_ids, completion_ids):
+def no_score(prompt_ids, completion_ids, images):
     """Log-probs of zero: these tests are about what is recorded, not how it scores."""
     return [0.0] * len(completion_ids)
 
@@ -159,7 +159,7 @@ def test_the_export_command_and_the_import_carry_every_turn_token_exactly(tmp_pa
 
 class _Blindfolded(ArithEnv):
     """Arith configured so that its reference agent cannot play any task (as GUI-v0's
-    solvers cannot when the agent sees only screenshots)."""
+    has none for the tasks no solver is written for)."""
 
     def reference_agent(self):
         return None
@@ -173,3 +173,28 @@ def test_an_env_whose_reference_agent_plays_no_task_cannot_demonstrate(tmp_path,
         record_demonstrations(_Blindfolded, "blind", store, tokenizer, episodes=2, score=no_score)
     with Store(tmp_path / "store.sqlite") as store:
         assert store.sessions() == []
+
+
+class _Stumbling(ArithEnv):
+    """Arith whose reference agent raises on every other task (a solver that misreads a
+    page, or needs an action its agent cannot take)."""
+
+    def reference_agent(self):
+        agent = super().reference_agent()
+        if int(self.task.task_id.rsplit("/", 1)[-1]) % 2:
+            agent.act = lambda observation, info: {}["no such element"]
+        return agent
+
+
+def test_a_reference_agent_that_raises_fails_its_demonstration_not_the_others(tmp_path, tokenizer):
+    with Store(tmp_path / "store.sqlite") as store:
+        summaries = record_demonstrations(
+            _Stumbling, "stumbling", store, tokenizer, episodes=6, score=no_score
+        )
+        sessions = {s.session_id: s for s in store.sessions()}
+    failed = [s for s in summaries if s.status == SessionStatus.FAILED]
+    solved = [s for s in summaries if s.total_reward == 1.0]
+    assert failed and solved and len(failed) + len(solved) == 6
+    for summary in failed:
+        assert "the reference agent could not act: KeyError" in summary.error
+        assert sessions[summary.session_id].status == SessionStatus.FAILED

@@ -146,11 +146,11 @@ def test_scoring_one_turn_after_another_reuses_their_prefix_exactly(tmp_path):
     cold = [t.detach().tolist() for t in learner._logprobs([first, second, other])]
     turns = (first, second, other, second)  # the last begins with the prefix kept before it
     scored = [learner.logprobs(s.prompt_ids, s.completion_ids) for s in turns]
-    assert learner._held_prefix is not None and len(learner._held_prefix[1]) == 40
+    assert learner._scorer._held is not None and len(learner._scorer._held[1]) == 40
     for got, expected in zip(scored, [*cold, cold[1]], strict=True):
         assert got == pytest.approx(expected, abs=1e-5)
     learner.step([first])
-    assert learner._held_prefix is None
+    assert learner._scorer._held is None
     moved = learner._logprobs([second])[0].detach().tolist()
     assert learner.logprobs(second.prompt_ids, second.completion_ids) == pytest.approx(
         moved, abs=1e-5

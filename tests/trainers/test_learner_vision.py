@@ -305,3 +305,36 @@ def test_hint_choice_on_a_screenshot_turn_scores_each_candidate_with_its_pixels(
     assert chosen.hint in candidates and len(chosen.hint_overlaps) == 2
     expected = teacher_logprobs(engine, turn, chosen.hint)
     assert max(abs(a - b) for a, b in zip(chosen.teacher_logprobs, expected, strict=True)) < GAP
+
+
+@pytest.mark.browser
+def test_screenshot_demonstrations_are_stored_as_the_policy_would_have_sampled_them(
+    engine, tmp_path
+):
+    """GUI-v0 on screenshots, demonstrated by the solver acting on pixels for `tiny-vl`:
+    each turn's prompt ids hold its screenshots' tokens as the engine expands them, and its
+    stored log-probs (the learner's, with the pixels) are the base model's on the engine."""
+    from agents.demonstrations import record_demonstrations
+    from envs.gui.env import GUIEnv
+    from trainers.sft import image_expansion
+
+    learner = Learner("tiny-vl", TrainerConfig(lora_rank=4, lora_alpha=8), tmp_path / "learner")
+    with Store(tmp_path / "store.sqlite") as store:
+        summaries = record_demonstrations(
+            lambda: GUIEnv(tasks=["click-test", "enter-text"], observation="screenshot"),
+            "gui",
+            store,
+            engine.tokenizer,
+            2,
+            learner.logprobs,
+            expand=image_expansion(learner),
+        )
+        turns = [t for s in summaries for t in store.session(s.session_id).turns]
+    assert [s.total_reward for s in summaries] == [1.0, 1.0]
+    for turn in turns:
+        images = images_of(turn.prompt_messages)
+        assert list(turn.prompt_token_ids) == engine.encode(turn.prompt_messages, turn.tools)
+        rescored = engine.score(turn.prompt_token_ids, turn.completion_token_ids, BASE, images)
+        gap = max(abs(a - b) for a, b in zip(rescored, turn.completion_logprobs, strict=True))
+        assert gap < GAP
+        assert "click_at" in str(turn.completion.get("tool_calls"))

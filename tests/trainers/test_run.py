@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from agents.config import EnvConfig
+from agents.demonstrations import DEMONSTRATION
 from agents.rollout import ELIDED
 from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
@@ -271,8 +272,8 @@ VL_GUI = [
 
 @pytest.mark.browser
 def test_a_vl_policy_trains_on_gui_screenshots_from_the_plain_command(tmp_path):
-    """The plain command's config, made small: the warm start finds no demonstration (GUI's
-    solvers act by element id) and is skipped, tiny-vl's own run defaults
+    """The plain command's config, made small: the warm start imitates the solver acting on
+    pixels (one supervised step on two demonstrations), tiny-vl's own run defaults
     (trainers/conf/model_run/tiny-vl.yaml) play on though no group of the random model has
     a signal, and the learner trains on turns with their screenshots."""
     from trainers.run import train as train_in_process
@@ -280,10 +281,14 @@ def test_a_vl_policy_trains_on_gui_screenshots_from_the_plain_command(tmp_path):
     config = composed("env=gui", *VL_GUI, "sft.warm_start_steps=1", "sft.episodes=2")
     assert not config.method.filter_groups and config.rollout.max_signalless_groups == 0
     summary = train_in_process(config, tmp_path)
-    assert (summary.steps, summary.adapter_version) == (2, 2)
+    assert (summary.steps, summary.adapter_version) == (3, 3)  # one supervised, two RL
     with Store(tmp_path / "store.sqlite") as store:
+        demonstrated = [s for s in store.sessions() if DEMONSTRATION in s.metadata]
         trained = [t for _, t in store.turns(status=TurnStatus.TRAINED)]
-    assert len(trained) == summary.turns_trained >= 4
+    assert len(demonstrated) == 2 and all(s.outcome_reward == 1.0 for s in demonstrated)
+    imitated = {s.session_id for s in demonstrated}
+    rl = [t for t in trained if t.session_id not in imitated]
+    assert len(trained) == summary.turns_trained and len(rl) >= 4  # the demos, then RL
     assert all(images_of(t.prompt_messages) for t in trained)
     assert summary.logprob_gap_max < 1e-3
 
