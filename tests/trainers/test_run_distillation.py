@@ -84,8 +84,7 @@ def test_oel_trains_two_steps_on_chat_from_each_sessions_notes(tmp_path):
     oel_run(tmp_path / "oel")
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
+@pytest.mark.vllm  # in the default run, as the embedded one: 54 s here with vLLM's start
 def test_oel_trains_two_steps_on_chat_with_vllm_serving(tmp_path):
     summary = oel_run(tmp_path / "oel", "engine=vllm", "engine.max_lora_rank=8")
     assert summary["engine"] == "vllm"
