@@ -198,6 +198,11 @@ class Pixels:
             return []
         return [int(g.prod()) // self.merge**2 for g in pixels.image_grid_thw]
 
+    def expanded(self, ids: Sequence[int], images: Sequence[bytes], pad_id: int) -> list[int]:
+        """`ids` with each image's placeholder `pad_id` repeated for its tokens (`expand`):
+        the ids the model is fed, in the engine and in demonstrations alike."""
+        return expand(ids, pad_id, self.token_counts(self(images)))
+
 
 def expand(ids: Sequence[int], pad_id: int, counts: Sequence[int]) -> list[int]:
     """`ids` with the i-th `pad_id` repeated `counts[i]` times (Qwen-VL's processor's rule);

@@ -120,15 +120,9 @@ def prepare_demonstrations(
 def image_expansion(learner: Learner) -> Expand | None:
     """A vision-language learner's expansion of each image placeholder in a prompt's ids to
     its image's tokens (the engine's rule, `agents.vision.expand`); None for a text one."""
-    pixels = learner.pixels
-    if pixels is None:
+    if learner.pixels is None:
         return None
-    pad = learner.model.config.image_token_id
-
-    def expand(ids: list[int], images: Sequence[bytes]) -> list[int]:
-        return vision.expand(ids, pad, pixels.token_counts(pixels(images)))
-
-    return expand
+    return functools.partial(learner.pixels.expanded, pad_id=learner.model.config.image_token_id)
 
 
 def failures(failed: Mapping[str, Sequence[EpisodeSummary]], floor: float | None) -> str:

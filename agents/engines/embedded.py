@@ -344,8 +344,7 @@ class EmbeddedEngine:
                 f"the model {self.model_name!r} takes no images: serve a vision-language "
                 "model (model=tiny-vl, or a Qwen-VL checkpoint) or send text only"
             )
-        counts = self.pixels.token_counts(self.pixels(images))
-        return vision.expand(ids, self.model.config.image_token_id, counts)
+        return self.pixels.expanded(ids, images, self.model.config.image_token_id)
 
     def score(
         self,
