@@ -99,6 +99,13 @@ class ChatEnv(AgentEnv):
         self._user = SimulatedUser(self.persona, self.np_random, self.user_model)
         self._reset_conversation()
 
+    @property
+    def question(self) -> str | None:
+        """The question the user is on: None before a reset and after their last."""
+        if self.task is None or self._question >= len(self.task.questions):
+            return None
+        return self.task.questions[self._question]
+
     def _first_messages(self) -> list[Message]:
         assert self.task is not None and self.persona is not None and self._user is not None
         system = SYSTEM_PROMPT.format(name=self.persona.name)
@@ -118,9 +125,9 @@ class ChatEnv(AgentEnv):
         if self._first_score is None:
             self._first_score = self._score
             self._first_on_topic = on_topic(content, self.task.questions[self._question])
-        verdict = self._judge(content)
         questions = self.task.questions
         asked = questions[self._question]
+        verdict = self._judge(content, asked)
         if verdict in (Verdict.SATISFIED, Verdict.GAVE_UP):
             self._question += 1
         upcoming = questions[self._question] if self._question < len(questions) else None
@@ -133,13 +140,20 @@ class ChatEnv(AgentEnv):
             self._attempt = 0
         return Reply(({"role": "user", "content": text},), 0.0, terminated=upcoming is None)
 
-    def _judge(self, content: str) -> Verdict:
+    def _judge(self, content: str, question: str) -> Verdict:
+        """How the user takes a reply to `question`: the preference met by a reply about
+        the question satisfies; met by one about nothing ("Awesome.") draws the question
+        again, as a person would, so that a policy cannot please the user by saying
+        nothing; missed draws a correction naming the preference."""
         assert self.persona is not None
-        if self.persona.satisfied_by(content):
+        answers = not self.persona.topic_checked or on_topic(content, question)
+        if self.persona.satisfied_by(content) and answers:
             return Verdict.SATISFIED
         if self._attempt > self.patience:
             return Verdict.GAVE_UP
-        return Verdict.REDO if not content.strip() else Verdict.CORRECTION
+        if not content.strip() or self.persona.satisfied_by(content):
+            return Verdict.REDO
+        return Verdict.CORRECTION
 
     def _info(self) -> dict[str, Any]:
         scored = self._scored_turn == self._turn
@@ -165,14 +179,15 @@ def _select(tasks: dict[str, ChatTask], key: str | None) -> dict[str, ChatTask]:
 
 class ChatReferenceAgent:
     """Scripted reference: answers every question with its persona's exemplar reply, which
-    meets the preference. It reads the persona from the env, as an oracle does."""
+    meets the preference and names the question's topic. It reads the persona and the
+    question being asked from the env, as an oracle does."""
 
     def __init__(self, env: ChatEnv):
         self.env = env
 
     def act(self, observation: list[Message], info: dict[str, Any]) -> Action:
-        assert self.env.persona is not None
-        return self.env.persona.exemplar(str(observation[-1].get("content", "")))
+        assert self.env.persona is not None and self.env.question is not None
+        return self.env.persona.exemplar(self.env.question)
 
 
 CHATTY_REPLY = (

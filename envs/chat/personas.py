@@ -34,8 +34,11 @@ class Persona:
         instruction: the same as an instruction to the assistant (`reveal_preferences`).
         complaints: what they say when a reply misses it; each names the preference.
         check: the ground-truth preference score of one reply, in [0, 1].
-        exemplar: a reply meeting the preference, for the scripted reference agent.
+        exemplar: a reply to a question meeting the preference and naming the question's
+            topic, for the scripted reference agent.
         threshold: the score from which the user is satisfied.
+        topic_checked: the user also wants the reply to be about their question
+            (`on_topic`); off for a persona who wants a language `on_topic` cannot read.
     """
 
     key: str
@@ -46,6 +49,7 @@ class Persona:
     check: Callable[[str], float]
     exemplar: Callable[[str], str]
     threshold: float = 1.0
+    topic_checked: bool = True
 
     def score(self, reply: str) -> float:
         """The preference score of one reply: 0 for an empty one, else the check's."""
@@ -154,7 +158,9 @@ _FILLER = frozenset(
     "about after again also answer could does from give have hello help here just know like "
     "make many more most much need other please recommend should some suggest tell than that "
     "their them then there these they thing things this tips want what when where which while "
-    "with would your advice explain".split()
+    "with would your advice explain"
+    # the question templates' own words (questions.json): no question is about them
+    " work keep hearing plain terms best difference between compare".split()
 )
 
 
@@ -167,11 +173,24 @@ def topic_words(text: str) -> set[str]:
 
 
 def on_topic(reply: str, question: str) -> bool:
-    """Whether a reply shares a topic word with the question it answers. No persona's check
-    looks at content, so a reply that says nothing can meet a preference: a small policy
-    trained toward brevity learned to echo its system prompt. For evaluation beside the
-    preference score; English only (a Spanish reply shares no English word)."""
-    return bool(topic_words(reply) & topic_words(question))
+    """Whether a reply shares a topic word with the question it answers (any reply does,
+    where the question has none to share: "What is GPS?"). No persona's check looks at
+    content, so a reply that says nothing can meet a preference: a small policy trained
+    toward brevity learned to echo its system prompt, and SmolLM2 trained on `brief` learned
+    to say "Awesome." to every question. The simulated user asks again on such a reply, and
+    evaluation reports it beside the preference score. English only (a Spanish reply shares
+    no English word)."""
+    wanted = topic_words(question)
+    return not wanted or bool(topic_words(reply) & wanted)
+
+
+def topic(question: str, most: int = 2) -> str:
+    """The `most` longest words of a question that carry its topic (`topic_words`), whole
+    and in the question's order ("How does the immune system work?": "immune system"):
+    what an exemplar reply names to be about the question."""
+    words = [w for w in dict.fromkeys(re.findall(r"[a-z]+", question.lower())) if topic_words(w)]
+    longest = set(sorted(words, key=len, reverse=True)[:most])
+    return " ".join(w for w in words if w in longest) or "this"
 
 
 _GIST = "start with the basics, keep it simple, and adjust as you go"
@@ -192,7 +211,7 @@ PERSONAS: dict[str, Persona] = {
                 f"Shorter, please. A sentence or two, under {BRIEF_LIMIT} words.",
             ),
             check=brevity,
-            exemplar=lambda q: f"Short answer: {_GIST}.",
+            exemplar=lambda q: f"On {topic(q)}: {_GIST}.",
         ),
         Persona(
             key="bullets",
@@ -205,7 +224,10 @@ PERSONAS: dict[str, Persona] = {
                 "Not as a paragraph, please. Format it as a bulleted list, no intro.",
             ),
             check=bullet_points,
-            exemplar=lambda q: "- Start with the basics.\n- Keep it simple.\n- Adjust as you go.",
+            exemplar=lambda q: (
+                f"- {topic(q).capitalize()}: start with the basics.\n- Keep it simple.\n"
+                "- Adjust as you go."
+            ),
         ),
         Persona(
             key="signoff",
@@ -218,7 +240,7 @@ PERSONAS: dict[str, Persona] = {
                 f"Not quite: end your replies with '{SIGN_OFF}', like we agreed.",
             ),
             check=sign_off,
-            exemplar=lambda q: f"{_GIST.capitalize()}.\n\n{SIGN_OFF}",
+            exemplar=lambda q: f"On {topic(q)}: {_GIST}.\n\n{SIGN_OFF}",
         ),
         Persona(
             key="formal",
@@ -234,8 +256,8 @@ PERSONAS: dict[str, Persona] = {
             ),
             check=formal_register,
             exemplar=lambda q: (
-                "Certainly. The recommended approach is to begin with the fundamentals, "
-                "proceed in small steps, and adjust as necessary."
+                f"Certainly. Regarding {topic(q)}, the recommended approach is to begin with "
+                "the fundamentals, proceed in small steps, and adjust as necessary."
             ),
         ),
         Persona(
@@ -254,6 +276,7 @@ PERSONAS: dict[str, Persona] = {
                 "ir paso a paso y ajustar según tu situación."
             ),
             threshold=0.9,
+            topic_checked=False,
         ),
         Persona(
             key="tldr",
@@ -270,7 +293,10 @@ PERSONAS: dict[str, Persona] = {
                 f"{TLDR_LIMIT} words.",
             ),
             check=tldr_first,
-            exemplar=lambda q: f"TL;DR: {_GIST}.\n\nThe details depend on your situation.",
+            exemplar=lambda q: (
+                f"TL;DR: on {topic(q)}, start simple and adjust as you go.\n\n"
+                "The details depend on your situation."
+            ),
         ),
     )
 }

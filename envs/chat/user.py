@@ -1,10 +1,11 @@
 """The simulated user of `clawgym/Chat-v0`: decides how to react, then says it.
 
-The decision is scripted: a reply meeting the persona's preference satisfies the user, who
-thanks the assistant and moves on (next question, or "that's all"); a reply missing it
-draws a correction naming the preference and a request to redo; an empty reply is asked
-again; after `patience` corrections on one question the user gives up on it. So a judge
-reading the user's next message, as OpenClaw-RL's does, sees +1 or -1 plainly.
+The decision is scripted: a reply meeting the persona's preference and about the question
+satisfies the user, who thanks the assistant and moves on (next question, or "that's all");
+a reply missing the preference draws a correction naming it and a request to redo; an
+empty reply, or one that meets the preference about nothing, draws the question again;
+after `patience` tries at one question the user gives up on it. So a judge reading the
+user's next message, as OpenClaw-RL's does, sees +1 or -1 plainly.
 
 The wording is drawn from varied phrasings with the env's generator (deterministic under
 its seed). An optional `user_model(messages) -> str` (an LLM playing the user) may
@@ -38,7 +39,8 @@ class Verdict(enum.StrEnum):
     CORRECTION = "correction"
     """An answer that misses the preference: a complaint and a request to redo."""
     REDO = "redo"
-    """No answer at all: the question again."""
+    """No answer to the question (an empty reply, or one about something else that meets
+    the preference): the question again."""
     GAVE_UP = "gave_up"
     """Still wrong after `patience` corrections: the user drops the question."""
 

@@ -3,7 +3,7 @@ import pytest
 
 import envs  # noqa: F401
 from envs.chat.env import CHATTY_REPLY, ChatEnv, ChatReferenceAgent, ChattyAgent
-from envs.chat.personas import PERSONAS
+from envs.chat.personas import PERSONAS, on_topic, topic
 from envs.chat.tasks import SPLITS, TASKS_PER_PERSONA, load_questions, load_tasks
 from envs.chat.user import Verdict
 from envs.core import ERROR_PREFIX, IdleAgent
@@ -125,10 +125,56 @@ def test_a_correction_then_a_good_reply_satisfies_and_moves_on():
     assert info["tools"] == [] and info["preference_score"] is None
     _, _, _, _, info = env.step(CHATTY_REPLY)
     assert (info["user_verdict"], info["attempt"], info["question_index"]) == ("correction", 1, 0)
-    observation, _, terminated, _, info = env.step("Pack layers, roll clothes, wear bulky shoes.")
+    assert env.task.questions[0] == "Can you compare a bus and a tram for me?"
+    observation, _, terminated, _, info = env.step("A tram runs on rails; a bus on roads.")
     assert (info["user_verdict"], info["attempt"], info["question_index"]) == ("satisfied", 2, 1)
     assert info["first_reply_score"] == 0.0 and not terminated
     assert env.task.questions[1] in observation[0]["content"]
+
+
+@pytest.mark.parametrize("persona", ["brief", "bullets", "signoff", "formal", "tldr"])
+def test_a_reply_about_nothing_that_meets_the_preference_is_asked_again(persona):
+    """The user is not pleased by a reply that says nothing: SmolLM2 trained on `brief`
+    learned to answer "Awesome." to every question, and the user thanked it."""
+    env = ChatEnv(persona=persona)
+    env.reset(seed=5)
+    asked = env.task.questions[0]  # a bus and a tram
+    empty_of_topic = PERSONAS[persona].exemplar("What is a blockchain?")
+    assert PERSONAS[persona].satisfied_by(empty_of_topic) and not on_topic(empty_of_topic, asked)
+    observation, _, _, _, info = env.step(empty_of_topic)
+    assert (info["user_verdict"], info["question_index"], info["preference_score"]) == (
+        "redo",
+        0,
+        1.0,
+    )
+    assert asked in observation[0]["content"] and info["first_reply_on_topic"] is False
+    _, _, _, _, info = env.step(PERSONAS[persona].exemplar(asked))
+    assert (info["user_verdict"], info["attempt"], info["question_index"]) == ("satisfied", 2, 1)
+
+
+def test_spanish_is_not_held_to_english_topic_words():
+    env = ChatEnv(persona="spanish")
+    env.reset(seed=5)
+    _, _, _, _, info = env.step(PERSONAS["spanish"].exemplar(""))
+    assert info["user_verdict"] == "satisfied"
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ("How does the immune system work?", "immune system"),
+        ("Can you compare a bus and a tram for me?", "tram"),
+        ("What is GPS?", "this"),
+    ],
+)
+def test_topic_names_the_longest_topic_words_in_order(question, expected):
+    assert topic(question) == expected
+
+
+def test_a_question_with_no_topic_word_takes_any_reply_as_on_topic():
+    assert on_topic("Use the app.", "What is GPS?")
+    assert not on_topic("Awesome.", "How does the immune system work?")
+    assert on_topic("Your immune cells fight germs.", "How does the immune system work?")
 
 
 def test_a_tool_call_is_an_error_and_is_not_scored():
