@@ -161,10 +161,13 @@ def run_config(
     config.trainer.batch_turns = args.batch_turns
     config.trainer.overlap = overlap
     config.trainer.lr = args.lr
-    # Methods are compared at the same steps: a run whose policy has learned the persona
-    # (every simulated user satisfied, so every group's judge scores equal) trains on to the
-    # last step instead of stopping (SmolLM2 on `brief` gets there by step 8).
+    # Methods are compared at the same steps and the same batches: a run whose policy has
+    # learned the persona (every simulated user satisfied, so every group's judge scores
+    # equal) trains on to the last step, on whole groups, instead of stopping or playing
+    # hundreds of episodes a step in search of a group that disagrees (SmolLM2 on `brief`
+    # got there by step 8, after which dynamic sampling played 300 episodes a step).
     config.rollout.max_signalless_groups = 0
+    config.method.filter_groups = False
     config.sampling.max_tokens = args.max_tokens
     config.judge.kind = args.judge
     config.judge.max_tokens = 48

@@ -122,11 +122,11 @@ class ChatEnv(AgentEnv):
         self._attempt += 1
         self._score = self.persona.score(content)
         self._scored_turn = self._turn
-        if self._first_score is None:
-            self._first_score = self._score
-            self._first_on_topic = on_topic(content, self.task.questions[self._question])
         questions = self.task.questions
         asked = questions[self._question]
+        if self._first_score is None:
+            self._first_score = self._score
+            self._first_on_topic = on_topic(content, asked)
         verdict = self._judge(content, asked)
         if verdict in (Verdict.SATISFIED, Verdict.GAVE_UP):
             self._question += 1
