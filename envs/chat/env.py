@@ -146,12 +146,12 @@ class ChatEnv(AgentEnv):
         again, as a person would, so that a policy cannot please the user by saying
         nothing; missed draws a correction naming the preference."""
         assert self.persona is not None
-        answers = not self.persona.topic_checked or on_topic(content, question)
-        if self.persona.satisfied_by(content) and answers:
+        met = self.persona.satisfied_by(content)
+        if met and (not self.persona.topic_checked or on_topic(content, question)):
             return Verdict.SATISFIED
         if self._attempt > self.patience:
             return Verdict.GAVE_UP
-        if not content.strip() or self.persona.satisfied_by(content):
+        if met or not content.strip():
             return Verdict.REDO
         return Verdict.CORRECTION
 
