@@ -57,7 +57,7 @@ from trainers.logprobs import (
     span_logprobs_at,
     vision_logprobs_and_entropy,
 )
-from trainers.lora import activation_bytes, lora_model, memory_budget
+from trainers.lora import activation_bytes, lora_model, memory_budget, release_openmp_workers
 from trainers.losses import (
     clip_fraction,
     clipped_policy_loss,
@@ -118,9 +118,16 @@ class Learner:
         `objective`: policy, the clipped policy loss on the samples' advantages; nll, the
         negative log-likelihood of their tokens (supervised fine-tuning; the metrics' loss
         is then the mean per token, and advantages are ignored). `lr`: this step's learning
-        rate (an SFT warm start's own); None: `trainer.lr`."""
+        rate (an SFT warm start's own); None: `trainer.lr`. It leaves no OpenMP workers
+        behind (`trainers.lora.release_openmp_workers`: idle, they slow the engine beside it)."""
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
+        try:
+            return self._step(samples, objective, lr)
+        finally:
+            release_openmp_workers()
+
+    def _step(self, samples: list[TrainSample], objective: str, lr: float | None) -> StepMetrics:
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr if lr is None else lr
         started = time.monotonic()
@@ -260,7 +267,15 @@ class Learner:
         """Log-prob of each completion token after the prompt under the current adapter;
         a vision-language prompt with its decoded `images`, in a pass of its own. Calls one
         after another (a demonstration's turns) reuse the prefix they share
-        (`trainers.logprobs.PrefixScorer`)."""
+        (`trainers.logprobs.PrefixScorer`). Like `step`, it leaves no OpenMP workers behind."""
+        try:
+            return self._completion_logprobs(prompt_ids, completion_ids, images)
+        finally:
+            release_openmp_workers()
+
+    def _completion_logprobs(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], images: Sequence[bytes]
+    ) -> list[float]:
         if not images:
             causal_lm = self.model.get_base_model()
             return self._scorer(causal_lm, self.version, prompt_ids, completion_ids)

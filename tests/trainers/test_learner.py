@@ -1,3 +1,6 @@
+import os
+import threading
+import time
 import types
 
 import pytest
@@ -17,7 +20,7 @@ from trainers.logprobs import (
     shared_prefix_length,
     token_logprobs,
 )
-from trainers.lora import activation_bytes, learner_device, learner_dtype
+from trainers.lora import activation_bytes, learner_device, learner_dtype, release_openmp_workers
 
 PROMPT = (1, 5, 9, 200, 31, 7)
 COMPLETION = (44, 45, 46, 47, 12)
@@ -329,3 +332,48 @@ def test_an_adapter_of_another_shape_or_none_at_all_is_refused(tmp_path):
         other.start_from(tmp_path / "a")
     with pytest.raises(ValueError, match="neither a LoRA adapter"):
         resolve_adapter(tmp_path / "nothing")
+
+
+def _os_threads() -> int:
+    """This process's threads, OpenMP's workers included (threading sees Python's only)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def _settled_thread_count(at_most: int) -> int:
+    """This process's thread count once it is at most `at_most`, or after 10 s: OpenMP's
+    workers end a moment after they are told to."""
+    deadline = time.monotonic() + 10
+    while _os_threads() > at_most and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _os_threads()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_learner_step_leaves_no_openmp_workers_behind(tmp_path):
+    learner = make_learner(tmp_path)
+    big = torch.randn(768, 768)
+    counts = {}
+
+    def caller():  # a thread with no OpenMP team of its own yet
+        torch.set_num_threads(2)
+        counts["before"] = _os_threads()
+        for _ in range(4):
+            big @ big
+        counts["after a product"] = _os_threads()
+        learner.step([sample()])  # tiny's own ops may be too small to go parallel
+        counts["after a step"] = _settled_thread_count(counts["before"])
+        learner.logprobs(PROMPT, COMPLETION)
+        counts["after scoring"] = _settled_thread_count(counts["before"])
+
+    threads = torch.get_num_threads()
+    try:
+        worker = threading.Thread(target=caller)
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(threads)
+    if counts["after a product"] == counts["before"]:
+        pytest.skip("torch's matrix product started no OpenMP workers on this machine")
+    if not release_openmp_workers():
+        pytest.skip("torch does not run on GNU libgomp here")
+    assert counts["after a step"] == counts["after scoring"] == counts["before"]
