@@ -34,6 +34,7 @@ from agents.vision import PixelInputs, Pixels, images_of
 from trainers.distillation import select_hint, topk_overlap
 from trainers.judge import teacher_logprobs, with_hint
 from trainers.logprobs import padded_states, vision_head, vision_states
+from trainers.lora import release_openmp_workers
 from trainers.samples import Encode
 
 
@@ -132,12 +133,15 @@ class HintChooser:
         completion = turn.completion_token_ids
         causal_lm = self.model.get_base_model()
         pixels = self._pixels(turn)
-        with torch.no_grad():
-            with self.model.disable_adapter():
-                teachers = score_contexts(
-                    causal_lm, prompts, completion, self.k, self.chunk, pixels
-                )
-            student = self._student(turn, causal_lm, pixels)
+        try:
+            with torch.no_grad():
+                with self.model.disable_adapter():
+                    teachers = score_contexts(
+                        causal_lm, prompts, completion, self.k, self.chunk, pixels
+                    )
+                student = self._student(turn, causal_lm, pixels)
+        finally:  # the judge's thread lives on beside the engine
+            release_openmp_workers()
         scores = overlaps(student, [t.top_ids for t in teachers])
         return chosen_judgement(judgement, scores, teachers)
 
