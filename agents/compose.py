@@ -109,6 +109,8 @@ def build_engine(
             context_length=engine.context_length,
             prefix_cache_tokens=engine.prefix_cache_tokens,
             image_limits=image_limits(model),
+            merge_lora=engine.merge_lora,
+            share_prefixes=engine.share_prefixes,
         )
     if engine.backend == "vllm":
         return _vllm_engine(engine, model, shares_gpu_with_learner, cpus, host, api_key)

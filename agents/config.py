@@ -69,6 +69,15 @@ class EngineConfig:
     """embedded: most tokens whose KV is kept for prompts that start with them (a session's
     next turn, a shared system prompt), least recently used dropped first; 0 turns it off.
     A token's KV is 45 KiB on SmolLM2-135M in fp32 (30 layers x K,V x 3 heads x 64 x 4 B)."""
+    merge_lora: bool = True
+    """embedded: a batch whose rows all run on one adapter (an evaluation, a rollout phase
+    on one policy version) runs on that adapter's merged weights, without peft's LoRA
+    layers; the merged set costs as much memory as the adapted layers' weights, and
+    log-probs move by about 1e-5. false: always peft's LoRA path."""
+    share_prefixes: bool = True
+    """embedded, on a CPU: rows decoded together read the prompt prefix they have in common
+    (an agent's system prompt and tool schemas) from one copy of its KV, not each from its
+    own (cascade attention). false: every row holds and reads its whole prompt."""
     context_length: int | None = None
     """Longest prompt + completion in tokens; None: the model's own (embedded), 4096 (vllm)."""
     max_loras: int = 2

@@ -23,6 +23,12 @@ sequence's after its last step. Entries are keyed by the adapter slot and versio
 computed them (the base model is `(None, 0)`): a newer policy version never reads an older
 one's, and entries of versions no request can bind any more are dropped at the next prefill.
 
+Shared prefixes: rows that join a batch read the first tokens they have in common with the
+batch's shared block (an agent's system prompt and tool schemas) from that block, not from
+their own cache (`agents.engines.batch`: the block, and how rows join it;
+`agents.engines.attention.SharedPrefix`: the decode step's attention over both). Decode steps
+only: a prefill computes its rows whole, then they join.
+
 Adapters: peft's mixed-batch LoRA (`adapter_names=`, one per row, `"__base__"` for the
 adapter switched off) lets base and policy rows, and rows of an older and a newer policy
 version, share a forward pass. Adapters live in preallocated slots (`agents.engines.lora_slots.
@@ -34,8 +40,10 @@ an adapter of a new shape (the first one, or a new rank) is loaded by peft, betw
 steps, which also makes the spare slots of its shape: that one publish is slower, unless
 `prepare_adapter` made the slots of its shape beforehand (the trainer does). A forward
 pass whose rows all run on the base model switches peft's LoRA layers off and skips peft
-(`AdapterTable.lora_model`), so slots cost nothing until a row uses one. Each row's next
-token is drawn with its own temperature, top-p and generator (`agents.engines.sampling`).
+(`AdapterTable.lora_model`), so slots cost nothing until a row uses one; so does a pass whose
+rows all run on one slot, once that slot's weights are merged (`agents.engines.merged_lora`).
+Each row's next token is drawn with its own temperature, top-p and generator
+(`agents.engines.sampling`).
 
 All model access (steps, scoring, adapter loads) happens on the scheduler thread; callers
 reach it through a queue per request and futures for one-off jobs.
@@ -51,15 +59,26 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
+from agents.engines.attention import NAME, SharedPrefix
 from agents.engines.base import SamplingParams
-from agents.engines.kv_layout import add_rows, drop_rows, row_kv, trim_columns, with_prefixes
+from agents.engines.batch import (
+    Batch,
+    EventSink,
+    Layout,
+    Request,
+    SharedBlock,
+    drop,
+    kv_from,
+    merge,
+    pick_block,
+    share,
+)
+from agents.engines.kv_layout import with_prefixes
 from agents.engines.lora_slots import AdapterTable, drop_row_hooks
 from agents.engines.prefix_cache import Key, PrefixCache
 from agents.engines.sampling import pick_tokens, top_logprobs
@@ -68,61 +87,6 @@ from agents.vision import masked_logits
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-END = object()
-"""Put on a request's queue after its last token."""
-
-
-class EventSink(Protocol):
-    """Takes a request's items on the scheduler thread; must not block."""
-
-    def put(self, item: Any) -> None: ...
-
-
-@dataclass(eq=False)
-class Request:
-    """One sequence being generated; its sampled tokens go to `events` as they come."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    max_new: int
-    stopped: Callable[[list[int]], bool] | None
-    adapter: str | None
-    """The peft adapter it runs on to its end; None for the base model."""
-    version: int
-    events: EventSink
-    """Where its tokens, then `END` (or an exception), are put: a queue for a caller that
-    blocks, an `agents.engines.aio.LoopSink` for one on an event loop."""
-    generator: torch.Generator | None = None
-    cached: int = 0
-    """Prompt tokens whose KV came from the prefix cache, not from its prefill."""
-    ids: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    retired: bool = False
-    """Out of the scheduler: its slot no longer counts it as a user."""
-
-    def record(self, token: int, logprob: float, top: Any, eos_ids: set[int]) -> bool:
-        """Hands a sampled token (with its position's top ids and log-probs, or None) to the
-        consumer; True when the sequence is finished."""
-        self.ids.append(token)
-        self.events.put((token, logprob, top))
-        done = (
-            token in eos_ids
-            or len(self.ids) >= self.max_new
-            or (self.stopped is not None and self.stopped(self.ids))
-        )
-        if done:
-            self.events.put(END)
-        return done
-
-
-@dataclass
-class _Batch:
-    rows: list[Request]
-    cache: Cache
-    mask: torch.Tensor
-    """(rows, columns): 1 for a real token, 0 for padding."""
-    last: list[int]
-    """Each row's latest sampled token, fed at the next step."""
 
 
 class Scheduler:
@@ -136,6 +100,10 @@ class Scheduler:
         prefix_tokens: most tokens whose KV the prefix cache holds (0: no prefix reuse).
         banned: token ids never sampled (a vision-language model's markup,
             `agents.vision.markup_ids`), None for none.
+        merge_lora: whether a batch whose rows all run on one adapter runs on its merged
+            weights (`agents.engines.merged_lora`).
+        share_prefixes: whether rows read the prompt prefix they have in common from one
+            shared block (`agents.engines.batch`); only on a CPU model on `NAME`'s attention.
     """
 
     def __init__(
@@ -146,6 +114,8 @@ class Scheduler:
         threads: int | None = None,
         prefix_tokens: int = 0,
         banned: torch.Tensor | None = None,
+        merge_lora: bool = True,
+        share_prefixes: bool = True,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -158,10 +128,17 @@ class Scheduler:
         self.cached_tokens = 0
         """Of those, the tokens whose KV the prefix cache gave (never computed again)."""
         self._cond = threading.Condition()
-        self.adapters = AdapterTable(model, self._cond, self.call)
+        self.adapters = AdapterTable(model, self._cond, self.call, merge_lora)
         self._waiting: list[Request] = []
         self._jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
-        self._batch: _Batch | None = None
+        self._batch: Batch | None = None
+        self.share_prefixes = (
+            share_prefixes
+            and model.device.type == "cpu"
+            and model.config._attn_implementation == NAME
+        )
+        self._block: SharedBlock | None = None
+        """The block the batch's rows read (when any does)."""
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -319,38 +296,59 @@ class Scheduler:
             pieces.append(held)
         past = max(r.cached for r in requests)
         width = max(len(r.prompt_ids) - r.cached for r in requests)
-        rows = [_Layout(r.prompt_ids, r.cached, past, width) for r in requests]
+        rows = [Layout(r.prompt_ids, r.cached, past, width) for r in requests]
         ids = torch.tensor([row.ids for row in rows])
         mask = torch.tensor([row.mask for row in rows])
         positions = torch.tensor([row.positions for row in rows])
         cache = with_prefixes(pieces, width)
-        logprobs, cache = self._forward(requests, ids, mask, positions, cache)
+        logprobs, cache = self._forward(requests, ids, mask, positions, cache, None)
         self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
         self.cached_tokens += sum(r.cached for r in requests)
-        fresh = _Batch(requests, cache, mask, [])
+        fresh = Batch(requests, cache, mask, [], [0] * len(requests))
         self._remember(fresh, range(len(requests)))
         done = self._sample(fresh, logprobs)
         self._retire([r for r, d in zip(requests, done, strict=True) if d])
-        self._batch = _merge(self._batch, _drop(fresh, done), self.max_batch)
+        joining = drop(fresh, done)
+        if joining is not None and self.share_prefixes:
+            joining = self._share(joining)
+        self._batch = merge(self._batch, joining, self.max_batch)
+
+    def _share(self, fresh: Batch) -> Batch:
+        """Joining rows read what they have in common with the batch's shared block (or,
+        in a batch where no row reads one, a new block picked from them)."""
+        block = self._block if self._batch is not None and any(self._batch.shared) else None
+        block = block or pick_block(fresh)
+        if block is None:
+            return fresh
+        fresh = share(fresh, block)
+        if any(fresh.shared):
+            self._block = block
+        return fresh
 
     def _step(self) -> None:
         batch = self._batch
         assert batch is not None
         self._retire([r for r in batch.rows if r.cancelled])
-        batch = _drop(batch, [r.cancelled for r in batch.rows])
+        batch = drop(batch, [r.cancelled for r in batch.rows])
         if batch is None:
             self._batch = None
             return
-        positions = batch.mask.sum(-1, keepdim=True)
+        positions = batch.positions()
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         ids = torch.tensor(batch.last)[:, None]
-        logprobs, batch.cache = self._forward(batch.rows, ids, batch.mask, positions, batch.cache)
+        shared = None
+        if any(batch.shared):
+            assert self._block is not None
+            shared = SharedPrefix(self._block.kv, torch.tensor(batch.shared))
+        logprobs, batch.cache = self._forward(
+            batch.rows, ids, batch.mask, positions, batch.cache, shared
+        )
         done = self._sample(batch, logprobs)
         self._retire([r for r, d in zip(batch.rows, done, strict=True) if d])
         # before the drop, which writes other rows over the finished rows' KV (their callers
         # already have their last token)
         self._remember(batch, [row for row, finished in enumerate(done) if finished])
-        self._batch = _drop(batch, done)
+        self._batch = drop(batch, done)
 
     def _forward(
         self,
@@ -359,9 +357,12 @@ class Scheduler:
         mask: torch.Tensor,
         positions: torch.Tensor,
         cache: Cache,
+        shared: SharedPrefix | None,
     ) -> tuple[torch.Tensor, Cache]:
         """Raw log-probs (log-softmax at temperature 1) of each row's next token."""
         model, extra = self.adapters.lora_model([r.adapter for r in rows])
+        if shared is not None:
+            extra = {**extra, "shared_prefix": shared}
         try:
             out = model(
                 input_ids=ids,
@@ -383,7 +384,7 @@ class Scheduler:
         """Prefix-cache keys a request can still bind: the base model and the policy now."""
         return {(None, 0), self.adapters.policy}
 
-    def _remember(self, batch: _Batch, rows: Iterable[int]) -> None:
+    def _remember(self, batch: Batch, rows: Iterable[int]) -> None:
         """Offers the KV of these rows' tokens so far (prompt, then each token fed back) to
         the prefix cache; rows of versions no new request binds are not kept. A failure
         here costs later prompts their reuse, never a request."""
@@ -398,17 +399,12 @@ class Scheduler:
                 except Exception:
                     logger.exception("keeping a sequence's KV in the prefix cache failed")
 
-    def _remember_row(self, batch: _Batch, row: int) -> None:
+    def _remember_row(self, batch: Batch, row: int) -> None:
         request = batch.rows[row]
-        columns = batch.mask[row].nonzero()[:, 0]  # its tokens' columns, in order
-        tokens = (request.prompt_ids + request.ids)[: len(columns)]
-        self.prefixes.insert(
-            (request.adapter, request.version),
-            tokens,
-            lambda start: row_kv(batch.cache, row, columns[start:]),
-        )
+        tokens, kv = kv_from(batch, row, self._block if batch.shared[row] else None)
+        self.prefixes.insert((request.adapter, request.version), tokens, kv)
 
-    def _sample(self, batch: _Batch, logprobs: torch.Tensor) -> list[bool]:
+    def _sample(self, batch: Batch, logprobs: torch.Tensor) -> list[bool]:
         """Picks each row's next token; returns which rows are finished."""
         rows = batch.rows
         picked = pick_tokens(logprobs, [r.sampling for r in rows], [r.generator for r in rows])
@@ -435,63 +431,3 @@ def _run_job(job: Callable[[], Any], future: Future[Any]) -> None:
         future.set_result(job())
     except Exception as error:
         future.set_exception(error)
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """One row of a prefill: `past` columns of reused prefixes, where this row's `cached`
-    tokens end, then `width` columns, where the rest of its prompt ends."""
-
-    prompt: list[int]
-    cached: int
-    past: int
-    width: int
-
-    @property
-    def ids(self) -> list[int]:
-        rest = self.prompt[self.cached :]
-        return [0] * (self.width - len(rest)) + rest
-
-    @property
-    def mask(self) -> list[int]:
-        rest = len(self.prompt) - self.cached
-        gaps = (self.past - self.cached, self.width - rest)
-        return [0] * gaps[0] + [1] * self.cached + [0] * gaps[1] + [1] * rest
-
-    @property
-    def positions(self) -> list[int]:
-        return [0] * (self.width - len(self.prompt) + self.cached) + list(
-            range(self.cached, len(self.prompt))
-        )
-
-
-def _drop(batch: _Batch, gone: list[bool]) -> _Batch | None:
-    """The batch without the rows flagged `gone` (the cache changed in place: the last rows
-    move into the gaps), trimmed of all-padding columns."""
-    if not any(gone):
-        return batch
-    if all(gone):
-        return None
-    order = drop_rows(batch.cache, gone)
-    mask = batch.mask[torch.tensor(order)]
-    start = int(mask.any(0).nonzero()[0])
-    if start:
-        trim_columns(batch.cache, start)
-    rows, last = [batch.rows[i] for i in order], [batch.last[i] for i in order]
-    return _Batch(rows, batch.cache, mask[:, start:], last)
-
-
-def _merge(batch: _Batch | None, fresh: _Batch | None, max_rows: int) -> _Batch | None:
-    """Both batches' rows in one (the first one's cache grown in place), each left-padded to
-    the longer one's columns."""
-    if batch is None or fresh is None:
-        return batch or fresh
-    grown = add_rows(batch.cache, fresh.cache, max_rows)
-    width = batch.mask.shape[1] + grown
-    mask = torch.cat(
-        [
-            F.pad(batch.mask, (grown, 0)),
-            F.pad(fresh.mask, (width - fresh.mask.shape[1], 0)),
-        ]
-    )
-    return _Batch(batch.rows + fresh.rows, batch.cache, mask, batch.last + fresh.last)

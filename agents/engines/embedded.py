@@ -53,7 +53,8 @@ from agents.engines.base import (
     check_adapter,
     completion_room,
 )
-from agents.engines.batching import END, EventSink, Request, Scheduler
+from agents.engines.batch import END, EventSink, Request
+from agents.engines.batching import Scheduler
 from agents.engines.char_bound import char_bound, request_chars
 from agents.engines.detokenize import Detokenizer
 from agents.engines.vision_decode import decode_alone
@@ -74,6 +75,12 @@ class EmbeddedEngine:
             (OpenClaw's prompt is over 14k tokens).
         prefix_cache_tokens: most tokens whose KV is kept for later prompts that start with
             them (0: every prompt is prefilled whole).
+        merge_lora: whether a batch whose rows all run on one adapter runs on that
+            adapter's merged weights, without peft's LoRA layers (`agents.engines.
+            merged_lora`).
+        share_prefixes: whether rows decoded together read the prompt prefix they have in
+            common (a system prompt, tool schemas) from one copy of its KV instead of each
+            row's own (`agents.engines.batch`; CPU only, not for vision-language models).
     """
 
     def __init__(
@@ -84,6 +91,8 @@ class EmbeddedEngine:
         context_length: int | None = None,
         prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
         image_limits: vision.ImageLimits | None = None,
+        merge_lora: bool = True,
+        share_prefixes: bool = True,
     ):
         if threads is not None:
             torch.set_num_threads(threads)
@@ -107,6 +116,8 @@ class EmbeddedEngine:
             threads,
             prefix_cache_tokens,
             torch.tensor(vision.markup_ids(self.model.config)) if self.pixels else None,
+            merge_lora,
+            share_prefixes and self.pixels is None,
         )
 
     @property

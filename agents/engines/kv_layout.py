@@ -192,6 +192,23 @@ def add_rows(cache: Cache, fresh: Cache, max_rows: int) -> int:
     return grown
 
 
+def compact_rows(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
+    """Moves each row's real columns (`mask`'s ones) to the right end of the view, in order,
+    in place; returns the mask that says so (each row's ones at its end)."""
+    width = mask.shape[1]
+    kept = mask.sum(-1).tolist()
+    moves = [
+        (row, mask[row].nonzero()[:, 0], count)
+        for row, count in enumerate(kept)
+        if count and not bool(mask[row, width - count :].all())
+    ]
+    for layer in _layers(cache):
+        for row, columns, count in moves:
+            for states in (layer.keys, layer.values):
+                states[row, :, width - count :] = states[row].index_select(1, columns)
+    return (torch.arange(width)[None, :] >= width - torch.tensor(kept)[:, None]).to(mask.dtype)
+
+
 def row_kv(cache: Cache, row: int, columns: torch.Tensor) -> torch.Tensor:
     """A copy of one row's KV at `columns`: (layers, 2, kv heads, columns, head dim)."""
     return torch.stack(

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from agents.engines.merged_lora import MergedLora
+
 logger = logging.getLogger(__name__)
 
 SAFETENSORS = "adapter_model.safetensors"
@@ -148,12 +150,22 @@ class AdapterTable:
         model: the transformers model; peft wraps it at the first adapter.
         lock: the scheduler's condition, held while requests bind and release slots.
         call: runs a job on the scheduler thread and returns its result.
+        merge: whether a batch whose rows all run on one slot runs on that slot's merged
+            weights (`agents.engines.merged_lora`) instead of peft's LoRA path.
     """
 
     def __init__(
-        self, model: Any, lock: threading.Condition, call: Callable[[Callable[[], Any]], Any]
+        self,
+        model: Any,
+        lock: threading.Condition,
+        call: Callable[[Callable[[], Any]], Any],
+        merge: bool = True,
     ):
         self.model = model
+        self.merged = MergedLora(merge)
+        """Scheduler thread only."""
+        self.fills: collections.Counter[str] = collections.Counter()
+        """How many times each slot was filled (a refilled slot's merged weights are stale)."""
         self.peft: Any = None
         self._lora_on: bool | None = None
         """Whether peft's LoRA layers are switched on; None: unknown (after peft changed
@@ -192,17 +204,25 @@ class AdapterTable:
         until a row needs one (toggled only when that changes, a walk over the modules).
         Otherwise every base request before the first policy version, or with slots
         prepared early, would pay for peft's per-row path: +2 ms of CPU a one-token
-        request on `tiny`, measured.
+        request on `tiny`, measured. Rows that all run on one slot skip peft too once the
+        slot's weights are merged (`agents.engines.merged_lora`).
         """
         if self.peft is None:
             return self.model, {}
+        names = [a or _NO_ADAPTER for a in adapters]
+        uniform = self.slots.get(names[0]) if len(set(names)) == 1 else None
+        key = (uniform.name, self.fills[uniform.name]) if uniform is not None else None
+        if uniform is not None and key is not None and self.merged.use(key, uniform.layers):
+            self._lora_layers(False)  # the slot's merged weights are in the base layers
+            return self.model, {}
+        if uniform is None:
+            self.merged.miss()
         if all(a is None for a in adapters):
             self._lora_layers(False)
             return self.model, {}
         self._lora_layers(True)
-        names = [a or _NO_ADAPTER for a in adapters]
-        if len(set(names)) == 1 and names[0] in self.slots:
-            self._activate(names[0])  # a uniform batch takes peft's plain path
+        if uniform is not None:
+            self._activate(uniform.name)  # a uniform batch takes peft's plain path
         if set(names) != {self.peft.active_adapter}:
             return self.peft, {"adapter_names": names}  # mixed batch: a LoRA per row
         return self.peft, {}
@@ -232,6 +252,7 @@ class AdapterTable:
                 return
             spare.fill(adapter)  # no request is bound to it: none can see a half copy
             with self._cond:
+                self.fills[spare.name] += 1
                 self._check_version(version)
                 self.policy = (spare.name, version)
             logger.debug("adapter %s copied into %s as version %d", path, spare.name, version)
@@ -259,6 +280,7 @@ class AdapterTable:
         from peft import PeftModel
 
         name = self._new_slot_name()
+        self.merged.restore()  # peft's new modules wrap the base layers as they are
         if self.peft is None:
             self.peft = PeftModel.from_pretrained(self.model, adapter.path, adapter_name=name)
         else:
@@ -298,6 +320,7 @@ class AdapterTable:
         if adapter.shape is None or self.peft is None:
             return
         config = self.peft.peft_config[like]
+        self.merged.restore()
         while sum(s.shape == adapter.shape for s in self.slots.values()) <= SPARE_SLOTS:
             name = self._new_slot_name()
             self.peft.add_adapter(name, config)
@@ -328,6 +351,8 @@ class AdapterTable:
             for name in unused:
                 del self.slots[name]
         for name in unused:
+            self.merged.forget(name)
+            self.fills[name] += 1  # a later slot of the same name is another adapter
             self._activate(policy or name)
             self.peft.delete_adapter(name)
             logger.info("dropped adapter slot %s: no request uses its shape", name)

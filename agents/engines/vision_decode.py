@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agents.engines.batching import Request
+from agents.engines.batch import Request
 from agents.engines.sampling import pick_tokens, top_logprobs
 from agents.vision import PixelInputs, forward_inputs, masked_logits
 

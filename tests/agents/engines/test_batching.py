@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agents.engines.base import BASE, POLICY, Completion, SamplingParams
-from agents.engines.batching import END
+from agents.engines.batch import END
 from agents.engines.embedded import EmbeddedEngine
 from agents.engines.sampling import pick_tokens, sampling_weights
 from tests.agents.engines.conftest import save_random_adapter
