@@ -3,14 +3,19 @@
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 import tinker
+import torch
 from tinker import types
 
+from tests.trainers.test_learner import _os_threads, _settled_thread_count
+from trainers.lora import release_openmp_workers
 from trainers.tinker.app import build_app, in_thread
 from trainers.tinker.service import TinkerService
+from trainers.tinker.wire import Datum
 
 PROMPT = [1, 5, 9, 200, 31, 7]
 COMPLETION = [44, 45, 46, 47, 12]
@@ -261,3 +266,47 @@ def test_the_server_section_takes_a_known_device_and_a_key_from_the_environment(
         checked_section(TinkerSection(device="tpu"))
     with pytest.raises(ValueError, match="tinker.dtype"):
         checked_section(TinkerSection(dtype="float16"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_training_calls_leave_no_openmp_workers_on_their_worker_thread(tmp_path):
+    """forward_backward and optim_step run on the server's long-lived worker threads beside
+    the sampler's engine: each lets its thread's OpenMP workers go when it returns."""
+    service = TinkerService("tiny", tmp_path)
+    model = "threads:train:0"
+    service.create_model(model, "tiny", rank=4)
+    tokens = PROMPT + COMPLETION
+    datum = Datum(
+        tuple(tokens[:-1]),
+        {
+            "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
+            "weights": np.ones(len(tokens) - 1, dtype=np.float32),
+        },
+    )
+    big = torch.randn(768, 768)
+    counts = {}
+
+    def worker():  # a thread with no OpenMP team of its own yet, as the server's are
+        torch.set_num_threads(2)
+        counts["before"] = _os_threads()
+        for _ in range(4):
+            big @ big
+        counts["after a product"] = _os_threads()
+        service.forward_backward(model, "cross_entropy", {}, (datum,), False)
+        counts["after forward_backward"] = _settled_thread_count(counts["before"])
+        service.optim_step(model, {"learning_rate": 1e-3})
+        counts["after optim_step"] = _settled_thread_count(counts["before"])
+
+    threads = torch.get_num_threads()
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+    finally:
+        torch.set_num_threads(threads)
+        service.close()
+    if counts["after a product"] == counts["before"]:
+        pytest.skip("torch's matrix product started no OpenMP workers on this machine")
+    if not release_openmp_workers():
+        pytest.skip("torch does not run on GNU libgomp here")
+    assert counts["after forward_backward"] == counts["after optim_step"] == counts["before"]
