@@ -74,10 +74,12 @@ class EngineConfig:
     on one policy version) runs on that adapter's merged weights, without peft's LoRA
     layers; the merged set costs as much memory as the adapted layers' weights, and
     log-probs move by about 1e-5. false: always peft's LoRA path."""
-    share_prefixes: bool = True
+    share_prefixes: bool = False
     """embedded, on a CPU: rows decoded together read the prompt prefix they have in common
     (an agent's system prompt and tool schemas) from one copy of its KV, not each from its
-    own (cascade attention). false: every row holds and reads its whole prompt."""
+    own (cascade attention). Off by default: 1.10x the decode benchmark's rate and faster on
+    one main-job evaluation, but twice as slow on another's (docs/results.md), which is not
+    yet understood."""
     context_length: int | None = None
     """Longest prompt + completion in tokens; None: the model's own (embedded), 4096 (vllm)."""
     max_loras: int = 2

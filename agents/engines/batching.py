@@ -115,7 +115,7 @@ class Scheduler:
         prefix_tokens: int = 0,
         banned: torch.Tensor | None = None,
         merge_lora: bool = True,
-        share_prefixes: bool = True,
+        share_prefixes: bool = False,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")

@@ -80,7 +80,9 @@ class EmbeddedEngine:
             merged_lora`).
         share_prefixes: whether rows decoded together read the prompt prefix they have in
             common (a system prompt, tool schemas) from one copy of its KV instead of each
-            row's own (`agents.engines.batch`; CPU only, not for vision-language models).
+            row's own (`agents.engines.batch`; CPU only, not for vision-language models). Off
+            by default: faster on one main-job evaluation, twice as slow on another
+            (docs/results.md), not yet understood.
     """
 
     def __init__(
@@ -92,7 +94,7 @@ class EmbeddedEngine:
         prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
         image_limits: vision.ImageLimits | None = None,
         merge_lora: bool = True,
-        share_prefixes: bool = True,
+        share_prefixes: bool = False,
     ):
         if threads is not None:
             torch.set_num_threads(threads)

@@ -12,9 +12,10 @@ trained adapter costs the same). End-of-sequence is ignored, so that every row d
 `--tokens` tokens and the settings decode the same work. One engine per setting:
 
 - baseline: `share_prefixes=False, merge_lora=False` (the engine before either);
-- merged: `merge_lora=True` (a uniform batch runs on the adapter's merged weights);
+- merged: `merge_lora=True` (a uniform batch runs on the adapter's merged weights; the
+  default engine);
 - shared: `share_prefixes=True` (the rows read their common prefix from one block);
-- both: the default engine.
+- both.
 
 Each engine first plays one uncounted round (its prefix cache then holds the prompts, as
 it does in an evaluation after its first wave, and the adapter is merged), then the settings

@@ -103,7 +103,7 @@ def test_a_row_reading_a_block_offers_the_block_then_its_own_kv_to_the_prefix_ca
 def engines(tmp_path_factory):
     """An engine that shares prefixes and a cold one that prefills every prompt alone and
     whole (no prefix cache, no sharing), both serving the same adapter as version 1."""
-    sharing = EmbeddedEngine("tiny", threads=1)
+    sharing = EmbeddedEngine("tiny", threads=1, share_prefixes=True)
     cold = EmbeddedEngine("tiny", threads=1, prefix_cache_tokens=0, share_prefixes=False)
     path = str(save_random_adapter(tmp_path_factory.mktemp("share") / "v1", seed=51))
     for engine in (sharing, cold):
