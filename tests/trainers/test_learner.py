@@ -2,6 +2,7 @@ import os
 import threading
 import time
 import types
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -348,22 +349,23 @@ def _settled_thread_count(at_most: int) -> int:
     return _os_threads()
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
-def test_a_learner_step_leaves_no_openmp_workers_behind(tmp_path):
-    learner = make_learner(tmp_path)
+def openmp_thread_counts(calls: dict[str, Callable[[], object]]) -> dict[str, int]:
+    """Runs each call on a fresh thread (2 torch threads, no OpenMP team of its own yet, as
+    a server's or a pipeline's long-lived threads start), after a matrix product that starts
+    a team there; returns the process's thread count before and after each call. Skips
+    where the premise does not hold (no OpenMP workers started, torch not on libgomp)."""
     big = torch.randn(768, 768)
-    counts = {}
+    counts: dict[str, int] = {}
 
-    def caller():  # a thread with no OpenMP team of its own yet
+    def caller() -> None:
         torch.set_num_threads(2)
         counts["before"] = _os_threads()
         for _ in range(4):
             big @ big
         counts["after a product"] = _os_threads()
-        learner.step([sample()])  # tiny's own ops may be too small to go parallel
-        counts["after a step"] = _settled_thread_count(counts["before"])
-        learner.logprobs(PROMPT, COMPLETION)
-        counts["after scoring"] = _settled_thread_count(counts["before"])
+        for name, call in calls.items():
+            call()
+            counts[name] = _settled_thread_count(counts["before"])
 
     threads = torch.get_num_threads()
     try:
@@ -376,4 +378,17 @@ def test_a_learner_step_leaves_no_openmp_workers_behind(tmp_path):
         pytest.skip("torch's matrix product started no OpenMP workers on this machine")
     if not release_openmp_workers():
         pytest.skip("torch does not run on GNU libgomp here")
+    return counts
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_learner_step_leaves_no_openmp_workers_behind(tmp_path):
+    learner = make_learner(tmp_path)
+    counts = openmp_thread_counts(
+        {
+            # tiny's own ops may be too small to go parallel: the product started the team
+            "after a step": lambda: learner.step([sample()]),
+            "after scoring": lambda: learner.logprobs(PROMPT, COMPLETION),
+        }
+    )
     assert counts["after a step"] == counts["after scoring"] == counts["before"]

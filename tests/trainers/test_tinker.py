@@ -3,16 +3,13 @@
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 import tinker
-import torch
 from tinker import types
 
-from tests.trainers.test_learner import _os_threads, _settled_thread_count
-from trainers.lora import release_openmp_workers
+from tests.trainers.test_learner import openmp_thread_counts
 from trainers.tinker.app import build_app, in_thread
 from trainers.tinker.service import TinkerService
 from trainers.tinker.wire import Datum
@@ -283,30 +280,15 @@ def test_training_calls_leave_no_openmp_workers_on_their_worker_thread(tmp_path)
             "weights": np.ones(len(tokens) - 1, dtype=np.float32),
         },
     )
-    big = torch.randn(768, 768)
-    counts = {}
-
-    def worker():  # a thread with no OpenMP team of its own yet, as the server's are
-        torch.set_num_threads(2)
-        counts["before"] = _os_threads()
-        for _ in range(4):
-            big @ big
-        counts["after a product"] = _os_threads()
-        service.forward_backward(model, "cross_entropy", {}, (datum,), False)
-        counts["after forward_backward"] = _settled_thread_count(counts["before"])
-        service.optim_step(model, {"learning_rate": 1e-3})
-        counts["after optim_step"] = _settled_thread_count(counts["before"])
-
-    threads = torch.get_num_threads()
     try:
-        thread = threading.Thread(target=worker)
-        thread.start()
-        thread.join()
+        counts = openmp_thread_counts(
+            {
+                "after forward_backward": lambda: service.forward_backward(
+                    model, "cross_entropy", {}, (datum,), False
+                ),
+                "after optim_step": lambda: service.optim_step(model, {"learning_rate": 1e-3}),
+            }
+        )
     finally:
-        torch.set_num_threads(threads)
         service.close()
-    if counts["after a product"] == counts["before"]:
-        pytest.skip("torch's matrix product started no OpenMP workers on this machine")
-    if not release_openmp_workers():
-        pytest.skip("torch does not run on GNU libgomp here")
     assert counts["after forward_backward"] == counts["after optim_step"] == counts["before"]
