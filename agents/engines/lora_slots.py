@@ -211,8 +211,9 @@ class AdapterTable:
             return self.model, {}
         names = [a or _NO_ADAPTER for a in adapters]
         uniform = self.slots.get(names[0]) if len(set(names)) == 1 else None
-        key = (uniform.name, self.fills[uniform.name]) if uniform is not None else None
-        if uniform is not None and key is not None and self.merged.use(key, uniform.layers):
+        if uniform is not None and self.merged.use(
+            (uniform.name, self.fills[uniform.name]), uniform.layers
+        ):
             self._lora_layers(False)  # the slot's merged weights are in the base layers
             return self.model, {}
         if uniform is None:
