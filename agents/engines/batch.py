@@ -94,7 +94,8 @@ class Batch:
 
     def positions(self) -> torch.Tensor:
         """(rows, 1): each row's next position (its tokens so far, the shared ones too)."""
-        return self.mask.sum(-1, keepdim=True) + torch.tensor(self.shared)[:, None]
+        positions = self.mask.sum(-1, keepdim=True)
+        return positions + torch.tensor(self.shared)[:, None] if any(self.shared) else positions
 
 
 @dataclass(frozen=True)

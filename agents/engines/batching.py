@@ -27,7 +27,8 @@ Shared prefixes: rows that join a batch read the first tokens they have in commo
 batch's shared block (an agent's system prompt and tool schemas) from that block, not from
 their own cache (`agents.engines.batch`: the block, and how rows join it;
 `agents.engines.attention.SharedPrefix`: the decode step's attention over both). Decode steps
-only: a prefill computes its rows whole, then they join.
+only: a prefill computes its rows whole, then they join. Off unless the engine is made with
+`share_prefixes=True` (`engine.share_prefixes`; docs/results.md says why).
 
 Adapters: peft's mixed-batch LoRA (`adapter_names=`, one per row, `"__base__"` for the
 adapter switched off) lets base and policy rows, and rows of an older and a newer policy
