@@ -17,7 +17,10 @@ ends `truncated` with the reason "context". A request refused for another reason
 environment whose step raises (a sandbox that died), ends it `failed` with its reason. The
 session keeps why it ended in its metadata (`end_reason`): "terminated", "max_turns" (the
 environment's turn budget ran out), "context", or what failed. A server that fails (5xx,
-gone) raises: that is no episode's fault, and the caller decides.
+gone) is no fault of the policy's: the episode ends `interrupted` (its turns are never
+trained on), and the caller, which sees the status, decides whether to go on (the rollout
+loop stops a run after `rollout.max_empty_episodes` such episodes in a row). A process that
+is stopping (KeyboardInterrupt, SystemExit) ends the episode `interrupted` and stops.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class EpisodeSummary:
     """The environment ended the task (not its turn budget, nor the context)."""
     status: SessionStatus
     """`done` when the environment ended the episode (terminated, or its turn budget ran
-    out), `truncated` when its history no longer fit the context, `failed` if it broke."""
+    out), `truncated` when its history no longer fit the context, `failed` if it broke,
+    `interrupted` if its server failed (no fault of the policy's)."""
     error: str | None = None
     """Why the episode ended early (`CONTEXT`, a refused request, a failed environment), or
     None when the environment ended it."""
@@ -243,8 +247,12 @@ def run_episode(
     )
     try:
         _play(env, seat, play, info["tools"], sampling or SamplingParams())
-    except BaseException as broken:
-        _end_quietly(seat, play, broken)
+    except Exception as broken:  # the server failed: the episode is over, the run is not
+        ending = _end_interrupted(seat, play, broken)
+        logger.warning("episode %s on %s: %s", play.session_id, play.task_id, ending.reason)
+        return play.summary(ending)
+    except BaseException as broken:  # the process is stopping
+        _end_interrupted(seat, play, broken)
         raise
     ending = play.ending()
     seat.end(play.session_id, play.messages, play.rewards, play.total, ending.status, ending.reason)
@@ -346,12 +354,14 @@ def _length(message: Message) -> int:
     return len(content) if isinstance(content, str) else 0
 
 
-def _end_quietly(seat: Seat, play: Episode, broken: BaseException) -> None:
-    """Marks a session that broke off failed, where its server still answers."""
-    reason = f"the episode broke off: {_described(broken)}"
+def _end_interrupted(seat: Seat, play: Episode, broken: BaseException) -> Ending:
+    """Ends a session that broke off `interrupted`, where its server still answers (one
+    that does not leaves it open: a resumed run ends it so, `trainers.pipeline`)."""
+    ending = Ending(SessionStatus.INTERRUPTED, f"the episode broke off: {_described(broken)}")
     try:
         seat.end(
-            play.session_id, play.messages, play.rewards, play.total, SessionStatus.FAILED, reason
+            play.session_id, play.messages, play.rewards, play.total, ending.status, ending.reason
         )
     except Exception as error:  # the original failure is what the caller must see
         logger.warning("could not end session %s: %s", play.session_id, error)
+    return ending

@@ -191,7 +191,9 @@ class Store:
         reason: str | None = None,
     ) -> None:
         """Closes a session with its outcome reward, and why it ended (`reason`, kept in its
-        metadata as `end_reason`: "terminated", "context", what failed)."""
+        metadata as `end_reason`: "terminated", "context", what failed). An `interrupted`
+        session's turns not yet trained are dropped in the same transaction: they are never
+        judged or trained (`SessionStatus` says why)."""
         with self._write() as db:
             found = db.execute(
                 "UPDATE sessions SET status=?, outcome_reward=COALESCE(?, outcome_reward), "
@@ -199,6 +201,16 @@ class Store:
                 "ELSE json_set(metadata, '$.end_reason', ?) END WHERE session_id=?",
                 (str(status), outcome_reward, reason, reason, session_id),
             ).rowcount
+            if found and status == SessionStatus.INTERRUPTED:
+                db.execute(
+                    "UPDATE turns SET status=? WHERE session_id=? AND status IN (?, ?)",
+                    (
+                        str(TurnStatus.DROPPED),
+                        session_id,
+                        str(TurnStatus.COLLECTED),
+                        str(TurnStatus.JUDGED),
+                    ),
+                )
         if not found:
             raise KeyError(f"no session {session_id!r} in {self.path}")
 

@@ -40,13 +40,18 @@ class TurnStatus(enum.StrEnum):
 class SessionStatus(enum.StrEnum):
     """`open` while turns may still arrive; `done` once closed; `truncated` if an episode
     was cut short before its environment ended it (its history outgrew the policy's
-    context); `failed` if it broke. Every status but `open` is final, and its turns are
-    data like any other. Why an episode ended is in the session's metadata, `end_reason`."""
+    context); `failed` if it broke (a refused request, an environment that died): its turns
+    are data like any other, the policy's doing. `interrupted` if it was cut off through no
+    fault of the policy (its server failed, its rollout worker died, the run stopped): kept
+    for the record, its turns are never trained on (the store drops them as it ends), since
+    an outcome the policy did not cause is no signal about it. Every status but `open` is
+    final. Why an episode ended is in the session's metadata, `end_reason`."""
 
     OPEN = "open"
     DONE = "done"
     TRUNCATED = "truncated"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ class RayPlayer:
             logger.warning("episode %s of %s: %s", session_id, slot.name, reason)
             self._end_failed(session_id, reason)
             failed = EpisodeSummary(
-                session_id, task_id, 0.0, 0, 0, 0, False, SessionStatus.FAILED, error=reason
+                session_id, task_id, 0.0, 0, 0, 0, False, SessionStatus.INTERRUPTED, error=reason
             )
             return failed, time.monotonic() - started
         finally:
@@ -190,7 +190,7 @@ class RayPlayer:
     def _end_failed(self, session_id: str, reason: str) -> None:
         """Ends a dead worker's session failed; one it never opened stays unrecorded."""
         try:
-            self.seat.end(session_id, [], {}, 0.0, SessionStatus.FAILED, reason)
+            self.seat.end(session_id, [], {}, 0.0, SessionStatus.INTERRUPTED, reason)
         except RuntimeError as error:  # not opened (404), or ended already (409)
             logger.info("session %s of a dead worker: %s", session_id, error)
 

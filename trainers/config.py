@@ -311,8 +311,10 @@ class RolloutConfig:
     """Task groups played at once, across the run's envs (each plays its `group_size`
     episodes concurrently): a batching engine decodes all their turns together."""
     max_empty_episodes: int = 32
-    """Episodes in a row that end before their first turn before the run stops: one is
-    data (a task past the context), a run of them is an env or server broken for good."""
+    """Episodes in a row that give nothing to train on (none played a turn, or the policy's
+    server failed under them: `interrupted`) before the run stops: one is data (a task past
+    the context, a server that failed once), a run of them is an env or server broken for
+    good."""
     max_signalless_groups: int = 32
     """Groups of one env in a row with no learning signal (`method.filter_groups`' rule: every
     reward equal, e.g. a policy that never solves) before the run stops; 0: never. Only

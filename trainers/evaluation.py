@@ -41,6 +41,11 @@ logger = logging.getLogger(__name__)
 EVAL_SEED = 1_000_003
 """Seed of every evaluation episode: the same tasks played the same way at every step."""
 
+BROKE_OFF = (SessionStatus.FAILED, SessionStatus.INTERRUPTED)
+"""How an evaluation episode ends when it broke off: a refused request or a failed env
+(the policy's doing), or a server that failed (an unsolved task all the same: `failed`
+counts both, so that a score taken through a failing server says so)."""
+
 SAMPLE_KEY = "eval_sample"
 """A pass@k sample's index in its session's metadata (greedy episodes have none)."""
 
@@ -59,7 +64,7 @@ class EvalScore:
     reward: float
     """Mean total reward (the env's own score where it is not pass / fail)."""
     failed: int
-    """Episodes that broke off (a refused request, an env that failed)."""
+    """Episodes that broke off (a refused request, an env or a server that failed)."""
     k: int = 0
     """Samples per task at the run's temperature for pass@k; 0: none were drawn."""
     pass_at_k: float | None = None
@@ -68,18 +73,22 @@ class EvalScore:
     pass_at_k_high: float | None = None
     """The 95% Wilson interval of pass@k (over tasks)."""
     sampled_pass_at_1: float | None = None
-    """Share of the k samples that solved their task: pass@1 at the run's temperature, as
-    the rollouts see the policy (the greedy pass@1 is `pass_at_1`)."""
+    """Share of the tasks whose first sample solved them: pass@1 at the run's temperature,
+    as the rollouts see the policy (the greedy pass@1 is `pass_at_1`). The first sample
+    only, since a task's later samples are played only until one solves it."""
 
 
 def score(
     step: int,
     summaries: list[EpisodeSummary],
     samples: Sequence[Sequence[EpisodeSummary]] = (),
+    k: int | None = None,
 ) -> EvalScore:
     """The held-out score of one env's evaluation episodes (a success: its full reward,
     `envs.core.solved`, the leaderboard's rule): `summaries` greedy, one per task, and
-    `samples` each task's k sampled episodes (none: no pass@k)."""
+    `samples` each task's sampled episodes in their order (none: no pass@k), k drawn for
+    each (None: as many as the longest list has). A task's list may stop at its first
+    success: the samples after it cannot change whether one of k solved the task."""
     successes = sum(solved(s.total_reward) for s in summaries)
     n = len(summaries)
     low, high = wilson_interval(successes, n)
@@ -91,13 +100,13 @@ def score(
         low=round(low, 6),
         high=round(high, 6),
         reward=round(sum(s.total_reward for s in summaries) / n, 6) if n else 0.0,
-        failed=sum(s.status == SessionStatus.FAILED for s in summaries),
+        failed=sum(s.status in BROKE_OFF for s in summaries),
     )
     if not samples or not all(samples):
         return result
-    k = min(len(task) for task in samples)
-    solved_counts = [sum(solved(s.total_reward) for s in task[:k]) for task in samples]
-    reached = sum(count > 0 for count in solved_counts)
+    k = k or max(len(task) for task in samples)
+    reached = sum(any(solved(s.total_reward) for s in task[:k]) for task in samples)
+    first_solved = sum(solved(task[0].total_reward) for task in samples)
     k_low, k_high = wilson_interval(reached, len(samples))
     return dataclasses.replace(
         result,
@@ -106,7 +115,7 @@ def score(
         pass_at_k=round(reached / len(samples), 6),
         pass_at_k_low=round(k_low, 6),
         pass_at_k_high=round(k_high, 6),
-        sampled_pass_at_1=round(sum(solved_counts) / (k * len(samples)), 6),
+        sampled_pass_at_1=round(first_solved / len(samples), 6),
     )
 
 
@@ -130,6 +139,25 @@ def evenly_spaced(ids: list[str], count: int) -> list[str]:
     if count >= len(ids):
         return list(ids)
     return [ids[i * len(ids) // count] for i in range(count)]
+
+
+class FirstSolved:
+    """The lowest sample index known to have solved each task, shared by an evaluation's
+    threads (a dict's reads and writes are atomic under the GIL; a lost race only means
+    a sample played that need not have been)."""
+
+    def __init__(self) -> None:
+        self.lowest: dict[str, int] = {}
+
+    def see(self, task_id: str, sample: int | None, summary: EpisodeSummary) -> None:
+        """Notes a finished pass@k sample (greedy episodes, sample None, do not count)."""
+        if sample is not None and solved(summary.total_reward):
+            self.lowest[task_id] = min(sample, self.lowest.get(task_id, sample))
+
+    def settled(self, task_id: str, sample: int | None) -> bool:
+        """Whether a sample of a lower index has solved the task, so this one cannot change
+        whether one of k did."""
+        return sample is not None and self.lowest.get(task_id, sample) < sample
 
 
 class Evaluator:
@@ -312,15 +340,18 @@ class Evaluator:
         kinds: list[int | None] = [None, *range(k)]
         done = self._play(name, step, version, [(t, kind) for kind in kinds for t in task_ids])
         greedy = [done[t, None] for t in task_ids]
-        samples = [[done[t, j] for j in range(k)] for t in task_ids] if k else []
-        return score(step, greedy, samples)
+        samples = [[done[t, j] for j in range(k) if (t, j) in done] for t in task_ids]
+        return score(step, greedy, samples if k else [], k)
 
     def _play(
         self, name: str, step: int, version: int | None, jobs: list[tuple[str, int | None]]
     ) -> dict[tuple[str, int | None], EpisodeSummary]:
         """One episode per (task id, sample): greedy (sample None), or the pass@k sample of
         that index at the run's temperature with a seed of its own; episodes this policy
-        version played to their end before a stop are taken back from the store."""
+        version played to their end before a stop are taken back from the store. A sample
+        is not played once a sample of a lower index has solved its task (`FirstSolved`):
+        pass@k comes out the same, and an evaluation of a policy that solves most tasks
+        plays a fraction of its samples."""
         make = self.makers[name]
         taken_back: dict[tuple[str, int | None], EpisodeSummary] = {}
         for sample in dict.fromkeys(kind for _, kind in jobs):
@@ -339,9 +370,14 @@ class Evaluator:
                 len(jobs) - len(taken_back),
             )
         max_tokens = self.config.max_tokens or self.max_tokens[name]
+        first_solved = FirstSolved()
+        for (task_id, sample), summary in taken_back.items():
+            first_solved.see(task_id, sample, summary)
 
-        def play(job: tuple[str, int | None]) -> EpisodeSummary:
+        def play(job: tuple[str, int | None]) -> EpisodeSummary | None:
             task_id, sample = job
+            if first_solved.settled(task_id, sample):
+                return None
             if sample is None:
                 sampling = sampling_params(self.sampling, EVAL_SEED)
             else:
@@ -350,7 +386,7 @@ class Evaluator:
                 sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
             env = make()
             try:
-                return run_episode(
+                summary = run_episode(
                     env,
                     self.seat,
                     env_id=f"eval/{name}",
@@ -361,11 +397,24 @@ class Evaluator:
                 )
             finally:
                 env.close()
+            first_solved.see(task_id, sample, summary)
+            return summary
 
+        # in order: every greedy episode, then each task's sample 0, 1, ... (a pool takes
+        # jobs first come, first served, so lower samples start first and may settle later)
         remaining = [job for job in jobs if job not in taken_back]
         workers = min(self.config.parallel, len(remaining)) or 1
         with ThreadPoolExecutor(workers, f"eval-{name}") as pool:
-            played = dict(zip(remaining, pool.map(play, remaining), strict=True))
+            results = dict(zip(remaining, pool.map(play, remaining), strict=True))
+        played = {job: summary for job, summary in results.items() if summary is not None}
+        if len(played) < len(remaining):
+            logger.info(
+                "eval at step %d, %s: %d pass@k samples not played (an earlier sample of "
+                "their task solved it)",
+                step,
+                name,
+                len(remaining) - len(played),
+            )
         return taken_back | played
 
     def _plot(self) -> None:

@@ -251,8 +251,9 @@ class Pipeline:
 
     def resume(self) -> None:
         """Restores the last checkpoint and reconciles the store and metrics.jsonl with it:
-        episodes a stopped run left open are failed (their environments are gone; their
-        turns are judged as they are, never continued); the metrics hold the checkpointed
+        episodes a stopped run left open end `interrupted` (their environments are gone,
+        and an outcome the stop cut short says nothing of the policy: their turns are
+        dropped, never continued nor trained on); the metrics hold the checkpointed
         steps' records once each (`MetricsWriter.resume`), and the evaluator takes back its
         evaluations from them."""
         abandoned = [
@@ -264,9 +265,11 @@ class Pipeline:
             self.store.end_turns(
                 (t.session_id, t.index) for t in self.store.session(session_id).turns
             )
-            self.store.finish_session(session_id, status=SessionStatus.FAILED)
+            self.store.finish_session(
+                session_id, status=SessionStatus.INTERRUPTED, reason="the run stopped"
+            )
         if abandoned:
-            logger.info("failed %d episodes a stopped run left open", len(abandoned))
+            logger.info("interrupted %d episodes a stopped run left open", len(abandoned))
         state = self.learner.load_checkpoint()
         if self.metrics is not None:
             cursor = state["cursor"] if state is not None else {}

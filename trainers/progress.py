@@ -108,6 +108,7 @@ def episode_summary(episodes: Sequence[EpisodeRecord]) -> dict[str, Any]:
         "episode_wall_s": _mean([e.wall_s for e in episodes]),
         "failed": sum(e.status == "failed" for e in episodes),
         "truncated": sum(e.status == "truncated" for e in episodes),
+        "interrupted": sum(e.status == "interrupted" for e in episodes),
     }
 
 

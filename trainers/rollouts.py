@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 MakeEnv = Callable[[], gym.Env[Any, Any]]
 
 _IDLE_POLL_S = 0.25
+BROKEN = (SessionStatus.FAILED, SessionStatus.INTERRUPTED)
+"""How an episode ends when its env instance may be broken too."""
 
 
 def next_env(played: Mapping[str, int], weights: Mapping[str, float]) -> str:
@@ -142,7 +144,7 @@ def play_episode(
         )
         return summary, time.monotonic() - started
     finally:
-        healthy = summary is not None and summary.status != SessionStatus.FAILED
+        healthy = summary is not None and summary.status not in BROKEN
         pool.give_back(env, healthy=healthy)
 
 
@@ -271,12 +273,16 @@ class RolloutLoop:
         return self.player.play(slot, task_id, group_id, seed, sampling)
 
     def _count(self, env: str, result: EpisodeSummary, wall_s: float) -> None:
+        """Records a finished episode; a run of `max_empty_episodes` in a row that gave
+        nothing to train on (none played a turn, or their server failed) stops the loop."""
+        empty = result.turns == 0 or result.status == SessionStatus.INTERRUPTED
         with self._lock:
-            self._empty_in_a_row = self._empty_in_a_row + 1 if result.turns == 0 else 0
+            self._empty_in_a_row = self._empty_in_a_row + 1 if empty else 0
             if self._empty_in_a_row >= self.config.max_empty_episodes:
                 raise RuntimeError(
-                    f"{self._empty_in_a_row} episodes in a row ended before their first "
-                    f"turn; the last ({env}): {result.error}"
+                    f"{self._empty_in_a_row} episodes in a row gave nothing to train on "
+                    f"(no turn played, or the policy's server failed); the last ({env}): "
+                    f"{result.error}"
                 )
         self.progress.record(
             env,

@@ -10,7 +10,8 @@ the environment knows, so that the proxy stays the one writer of turns and sessi
 - `POST /admin/sessions/{id}/end` `{"messages", "rewards"?, "outcome_reward"?, "status"?,
   "reason"?}` ends it: `messages` is the final history (the environment's last observation
   after the last reply: that turn's next state), `rewards` maps turn indexes to the
-  environment's reward of each, `status` is `done` (default), `truncated` or `failed`, and
+  environment's reward of each, `status` is `done` (default), `truncated`, `failed` or
+  `interrupted` (no fault of the policy's: its turns are never trained on), and
   `reason` says why it ended (kept in the session's metadata as `end_reason`).
 
 Both are admin routes: they need the proxy's admin key and a JSON body (`agents.serving.proxy`).
@@ -30,7 +31,12 @@ from agents.serving.identity import SessionEnded, SessionRefused, checked_id
 from agents.serving.proxy import Proxy
 from agents.trajectory import Session, SessionStatus
 
-ENDED = (SessionStatus.DONE, SessionStatus.TRUNCATED, SessionStatus.FAILED)
+ENDED = (
+    SessionStatus.DONE,
+    SessionStatus.TRUNCATED,
+    SessionStatus.FAILED,
+    SessionStatus.INTERRUPTED,
+)
 """The statuses an episode's client may end its session with."""
 MAX_REASON = 2000
 """Most characters of an end's reason that are kept."""
@@ -147,7 +153,9 @@ def _status(body: dict[str, Any]) -> SessionStatus:
     status = body.get("status", "done")
     if not isinstance(status, str) or status not in ENDED:
         raise api.ApiError(
-            400, f"status must be done, truncated or failed, got {status!r}", param="status"
+            400,
+            f"status must be one of {', '.join(map(str, ENDED))}, got {status!r}",
+            param="status",
         )
     return SessionStatus(status)
 

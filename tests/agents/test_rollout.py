@@ -14,7 +14,7 @@ from agents.engines.embedded import EmbeddedEngine
 from agents.rollout import ELIDED, elide_oldest, run_episode
 from agents.seats import DirectSeat, ProxySeat
 from agents.store import Store
-from agents.trajectory import SessionStatus
+from agents.trajectory import SessionStatus, TurnStatus
 from envs.arith.env import ArithEnv
 from tests.agents.serving import running
 
@@ -157,6 +157,39 @@ def test_an_environment_that_fails_mid_episode_ends_it_as_failed_data(proxied):
     assert session.status == SessionStatus.FAILED and len(session.turns) == 1
     assert session.turns[0].next_state == ()  # nothing followed the reply
     assert session.metadata["end_reason"] == summary.error
+
+
+class _EndlessEnv(_OneTurnEnv):
+    """Answers every reply and never ends the task."""
+
+    def step(self, action):
+        return [{"role": "user", "content": "go on"}], 0.0, False, False, {}
+
+
+def test_a_server_that_fails_mid_episode_interrupts_it_and_drops_its_turns(
+    proxied, tiny_engine, monkeypatch
+):
+    seat, store, _, _ = proxied
+    served = tiny_engine.agenerate
+    calls = 0
+
+    async def fails_after_one(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise RuntimeError("the engine's worker died")
+        return await served(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "agenerate", fails_after_one)
+    summary = play(seat, env=_EndlessEnv("2 + 2?"))
+    # the episode is over, the caller is not: it sees why in the summary
+    assert (summary.status, summary.turns) == (SessionStatus.INTERRUPTED, 1)
+    assert (summary.error or "").startswith("the episode broke off")
+    session = store.session(summary.session_id)
+    assert session.status == SessionStatus.INTERRUPTED
+    assert session.metadata["end_reason"] == summary.error
+    # its first turn is stored, and never trained on: no fault of the policy's
+    assert [t.status for t in session.turns] == [TurnStatus.DROPPED]
 
 
 def test_a_normal_end_has_no_error_and_says_how_the_environment_ended(proxied):

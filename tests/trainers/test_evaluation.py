@@ -179,7 +179,7 @@ def test_pass_at_k_counts_tasks_any_of_whose_samples_solved_them():
     held_out = evaluation.score(5, greedy, samples)
     assert (held_out.k, held_out.pass_at_1) == (2, pytest.approx(1 / 3, abs=1e-6))
     assert held_out.pass_at_k == pytest.approx(2 / 3, abs=1e-6)  # tasks 1 and 2 of 3
-    assert held_out.sampled_pass_at_1 == pytest.approx(2 / 6, abs=1e-6)  # 2 of 6 samples
+    assert held_out.sampled_pass_at_1 == pytest.approx(1 / 3, abs=1e-6)  # first samples: 1, 0, 0
     low, high = wilson_interval(2, 3)
     assert (held_out.pass_at_k_low, held_out.pass_at_k_high) == (
         pytest.approx(low, abs=1e-6),
@@ -193,6 +193,43 @@ def test_pass_at_k_counts_tasks_any_of_whose_samples_solved_them():
     old_row.pop("eval_sampled_pass_at_1")
     assert score_of(record(5, old_row, env="arith")) == plain
     assert score_of(record(5, eval_row(held_out), env="arith")) == held_out
+
+
+def test_a_tasks_samples_may_stop_at_its_first_success():
+    # k = 3: task 0 solved by its first sample, task 1 by its second, task 2 by none
+    samples = [[episode(1.0)], [episode(0.0), episode(1.0)], [episode(0.0)] * 3]
+    held_out = evaluation.score(5, [episode(0.0)] * 3, samples, k=3)
+    assert (held_out.k, held_out.pass_at_k) == (3, pytest.approx(2 / 3, abs=1e-6))
+    assert held_out.sampled_pass_at_1 == pytest.approx(1 / 3, abs=1e-6)
+
+
+def store_sample(store, name, task, version, reward, sample):
+    """An ended one-turn pass@k sample of `task` (index `sample`) by policy `version`."""
+    store.add_session(
+        Session(name, "eval/arith", task_id=task, metadata={evaluation.SAMPLE_KEY: sample})
+    )
+    store.add_turn(
+        make_turn(session_id=name, index=0, turn_type=TurnType.SIDE, policy_version=version)
+    )
+    store.finish_session(name, reward, SessionStatus.DONE, TERMINATED)
+
+
+def test_a_sample_after_one_that_solved_its_task_is_not_played(tmp_path):
+    store = Store(tmp_path / "store.sqlite")
+    evaluator = stored_evaluator(EvalConfig(episodes=2, pass_k=2), tmp_path, store)
+    solved_task, unsolved_task = evaluator.held_out_tasks("arith")
+    for n, task in enumerate((solved_task, unsolved_task)):
+        store_episode(store, n, "eval/arith", task, 5, 0.0)  # greedy: both failed
+    store_sample(store, "a0", solved_task, 5, 1.0, sample=0)
+    store_sample(store, "b0", unsolved_task, 5, 0.0, sample=0)
+    with pytest.raises(Reached):  # the unsolved task's second sample must be played
+        evaluator.evaluate(7, version=5)
+    store_sample(store, "b1", unsolved_task, 5, 1.0, sample=1)
+    # the solved task's second sample is never played (the seat would raise)
+    held_out = evaluator.evaluate(7, version=5)["arith"]
+    assert (held_out.pass_at_1, held_out.k, held_out.pass_at_k) == (0.0, 2, 1.0)
+    assert held_out.sampled_pass_at_1 == pytest.approx(0.5)
+    store.close()
 
 
 def test_the_pass_at_k_samples_are_kept_apart_from_the_greedy_episodes_on_resume(tmp_path):

@@ -2,6 +2,8 @@
 
 import threading
 
+import pytest
+
 from agents.config import EnvConfig, SamplingConfig
 from agents.rollout import EpisodeSummary
 from agents.trajectory import SessionStatus
@@ -57,3 +59,65 @@ def test_play_groups_plays_groups_in_flight_groups_at_once_and_returns():
     assert len(summaries) == groups * size and not player.barrier.broken
     assert len({group for group, _ in player.played}) == groups
     assert slot.groups == groups  # the next call plays the next tasks
+
+
+class ScriptedPlayer:
+    """Ends each episode with the next status of `script` (then `done`), as a player whose
+    policy server fails now and then would."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self._lock = threading.Lock()
+
+    def play(self, slot, task_id, group_id, seed, sampling):
+        with self._lock:
+            status = self.script.pop(0) if self.script else SessionStatus.DONE
+        interrupted = status == SessionStatus.INTERRUPTED
+        summary = EpisodeSummary(
+            session_id=f"s{seed}",
+            task_id=task_id,
+            total_reward=0.0 if interrupted else 1.0,
+            turns=1,
+            prompt_tokens=5,
+            completion_tokens=3,
+            terminated=not interrupted,
+            status=status,
+            error="the episode broke off: InternalServerError: 502" if interrupted else None,
+        )
+        return summary, 0.0
+
+    def close(self):
+        pass
+
+
+def scripted_loop(script, max_empty_episodes):
+    slot = EnvSlot("arith", EnvConfig(id="clawgym/Arith-v0", group_size=2), make=None)
+    slot.task_ids = ["a", "b"]
+    return RolloutLoop(
+        RolloutConfig(groups_in_flight=1, max_empty_episodes=max_empty_episodes),
+        {"arith": slot},
+        ScriptedPlayer(script),
+        SamplingConfig(),
+        seed=0,
+        progress=Progress(),
+        has_room=lambda: True,
+    )
+
+
+def test_an_interrupted_episode_is_counted_and_the_loop_plays_on():
+    down = SessionStatus.INTERRUPTED
+    loop = scripted_loop([down, SessionStatus.DONE, down], max_empty_episodes=3)
+    played = loop.play_groups() + loop.play_groups()  # no 3 in a row, whatever the order
+    assert sorted(s.status for s in played) == ["done", "done", "interrupted", "interrupted"]
+    recorded = loop.progress.env("arith").unreported()
+    assert sorted(e.status for e in recorded) == ["done", "done", "interrupted", "interrupted"]
+
+
+def test_a_server_that_stays_down_stops_the_loop_saying_why():
+    loop = scripted_loop([SessionStatus.INTERRUPTED] * 8, max_empty_episodes=3)
+    loop.play_groups()  # two in a row
+    with pytest.raises(RuntimeError) as stopped:
+        loop.run(threading.Event())
+    message = str(stopped.value)
+    assert "3 episodes in a row gave nothing to train on" in message
+    assert "the last (arith): the episode broke off: InternalServerError: 502" in message

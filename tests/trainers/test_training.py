@@ -160,3 +160,18 @@ def test_the_loop_stops_on_a_run_of_signal_less_groups_naming_how_it_began(loop)
     message = str(stopped.value)
     assert "env 'e': 3 groups in a row scored the same (every reward 0.0)" in message
     assert "ended done (terminated), last observation 'incorrect answer'" in message
+
+
+def test_an_interrupted_episode_is_never_trained_and_leaves_its_group_to_the_others(loop, tmp_path):
+    train = loop(batch_turns=2)
+    add_group(train.store, "g", [1.0, 0.0])
+    # the group's third rollout lost its server after a turn: no fault of the policy's
+    train.store.add_session(Session("g-2", "e", task_id="t", group_id="g"))
+    train.store.add_turn(make_turn(session_id="g-2"))
+    train.store.finish_session("g-2", 0.0, SessionStatus.INTERRUPTED, "the server failed")
+    assert statuses(train.store)["g-2"] == "dropped"
+    metrics = train.step()
+    assert metrics is not None and metrics.turns == 2
+    assert statuses(train.store) == {"g-0": "trained", "g-1": "trained", "g-2": "dropped"}
+    # the baseline is the two played episodes' mean (0.5), not the three's (1/3)
+    assert read_metrics(tmp_path)[0]["mean_abs_advantage"] == pytest.approx(0.5)
