@@ -352,7 +352,6 @@ class Evaluator:
         is not played once a sample of a lower index has solved its task (`FirstSolved`):
         pass@k comes out the same, and an evaluation of a policy that solves most tasks
         plays a fraction of its samples."""
-        make = self.makers[name]
         taken_back: dict[tuple[str, int | None], EpisodeSummary] = {}
         for sample in dict.fromkeys(kind for _, kind in jobs):
             tasks = [t for t, kind in jobs if kind == sample]
@@ -369,35 +368,15 @@ class Evaluator:
                 version,
                 len(jobs) - len(taken_back),
             )
-        max_tokens = self.config.max_tokens or self.max_tokens[name]
         first_solved = FirstSolved()
         for (task_id, sample), summary in taken_back.items():
             first_solved.see(task_id, sample, summary)
 
         def play(job: tuple[str, int | None]) -> EpisodeSummary | None:
-            task_id, sample = job
-            if first_solved.settled(task_id, sample):
+            if first_solved.settled(*job):
                 return None
-            if sample is None:
-                sampling = sampling_params(self.sampling, EVAL_SEED)
-            else:
-                sampling = sampling_params(self.sample_sampling, EVAL_SEED + 1 + sample)
-            if max_tokens is not None:
-                sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
-            env = make()
-            try:
-                summary = run_episode(
-                    env,
-                    self.seat,
-                    env_id=f"eval/{name}",
-                    task_id=task_id,
-                    seed=EVAL_SEED,
-                    sampling=sampling,
-                    metadata={} if sample is None else {SAMPLE_KEY: sample},
-                )
-            finally:
-                env.close()
-            first_solved.see(task_id, sample, summary)
+            summary = self._play_one(name, *job)
+            first_solved.see(*job, summary)
             return summary
 
         # in order: every greedy episode, then each task's sample 0, 1, ... (a pool takes
@@ -416,6 +395,30 @@ class Evaluator:
                 len(remaining) - len(played),
             )
         return taken_back | played
+
+    def _play_one(self, name: str, task_id: str, sample: int | None) -> EpisodeSummary:
+        """One evaluation episode of env `name`: greedy (sample None), or the pass@k sample
+        of that index, at the run's temperature with a seed of its own."""
+        if sample is None:
+            sampling = sampling_params(self.sampling, EVAL_SEED)
+        else:
+            sampling = sampling_params(self.sample_sampling, EVAL_SEED + 1 + sample)
+        max_tokens = self.config.max_tokens or self.max_tokens[name]
+        if max_tokens is not None:
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
+        env = self.makers[name]()
+        try:
+            return run_episode(
+                env,
+                self.seat,
+                env_id=f"eval/{name}",
+                task_id=task_id,
+                seed=EVAL_SEED,
+                sampling=sampling,
+                metadata={} if sample is None else {SAMPLE_KEY: sample},
+            )
+        finally:
+            env.close()
 
     def _plot(self) -> None:
         """Draws every env's greedy pass@1 (with its interval) and pass@k against the step,

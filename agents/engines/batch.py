@@ -116,7 +116,7 @@ def pick_block(fresh: Batch) -> SharedBlock | None:
     key = _key(fresh.rows[0])
     mine = [i for i, r in enumerate(fresh.rows) if _key(r) == key]
     prompts = [fresh.rows[i].prompt_ids for i in mine]
-    length = _common(prompts) if len(mine) > 1 else fresh.rows[0].cached
+    length = common_length(prompts) if len(mine) > 1 else fresh.rows[0].cached
     if length < MIN_SHARED:
         return None
     first = mine[0]
@@ -132,7 +132,8 @@ def share(fresh: Batch, block: SharedBlock) -> Batch:
     uses any more are dropped."""
     shared = []
     for request in fresh.rows:
-        length = _common([block.tokens, request.prompt_ids]) if _key(request) == block.key else 0
+        same_version = _key(request) == block.key
+        length = common_length([block.tokens, request.prompt_ids]) if same_version else 0
         # a row keeps at least its prompt's last token (a group's rollouts share the whole
         # prompt): a row with nothing of its own would have no columns to trim around
         length = min(length, len(request.prompt_ids) - 1)
@@ -172,7 +173,7 @@ def _key(request: Request) -> Key:
     return (request.adapter, request.version)
 
 
-def _common(sequences: Sequence[Sequence[int]]) -> int:
+def common_length(sequences: Sequence[Sequence[int]]) -> int:
     """How many first tokens all `sequences` have in common."""
     count = 0
     for column in zip(*sequences, strict=False):

@@ -19,7 +19,11 @@ least the prompt's last token is computed, for its logits). That prefix's KV is 
 the new rows, left-padded; the rest of each prompt is left-padded after it, so a row reads
 [padding, prefix, padding, rest]: the mask hides both paddings and each row gets the logits
 it would get alone. A prompt's KV is offered to the cache after its prefill, and a finished
-sequence's after its last step. Entries are keyed by the adapter slot and version that
+sequence's after its last step. Requests of one version that arrive together first have the
+prefix they all share (and the cache lacks) prefilled once, as one row, into the cache: an
+evaluation's 100 prompts behind one system prompt, or a new policy version's first
+rollouts, would otherwise each compute it (an every-6-steps evaluation of the main job sat
+76 s in one such prefill of 100 prompts). Entries are keyed by the adapter slot and version that
 computed them (the base model is `(None, 0)`): a newer policy version never reads an older
 one's, and entries of versions no request can bind any more are dropped at the next prefill.
 
@@ -60,6 +64,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
@@ -68,11 +73,13 @@ from transformers.cache_utils import Cache
 from agents.engines.attention import NAME, SharedPrefix
 from agents.engines.base import SamplingParams
 from agents.engines.batch import (
+    MIN_SHARED,
     Batch,
     EventSink,
     Layout,
     Request,
     SharedBlock,
+    common_length,
     drop,
     kv_from,
     merge,
@@ -290,6 +297,7 @@ class Scheduler:
         """Prefills each prompt after the longest prefix of it the prefix cache holds
         (all but its last token at most: those logits are needed)."""
         self.prefixes.retain(self._live_keys())
+        self._prefill_common(requests)
         pieces = []
         for request in requests:
             key = (request.adapter, request.version)
@@ -313,6 +321,38 @@ class Scheduler:
         if joining is not None and self.share_prefixes:
             joining = self._share(joining)
         self._batch = merge(self._batch, joining, self.max_batch)
+
+    def _prefill_common(self, requests: list[Request]) -> None:
+        """Computes once, into the prefix cache, the prompt prefix that several arriving
+        requests of one adapter version share beyond what the cache holds: a new policy
+        version's first rollouts of a task, or an evaluation's 100 prompts behind one
+        system prompt, would each compute its KV otherwise (128 prompts of 300 tokens,
+        282 of them shared, are 38,000 prefill tokens, or 4,000 this way)."""
+        if not self.prefixes.max_tokens:
+            return
+        by_key: dict[Key, list[Request]] = {}
+        for request in requests:
+            by_key.setdefault((request.adapter, request.version), []).append(request)
+        for (adapter, version), group in by_key.items():
+            if len(group) < 2:
+                continue
+            prompts = [r.prompt_ids[:-1] for r in group]
+            prefix = prompts[0][: common_length(prompts)]
+            held, pieces = self.prefixes.match((adapter, version), prefix)
+            if len(prefix) - held < MIN_SHARED:
+                continue
+            row = Layout(prefix, held, held, len(prefix) - held)
+            probe = replace(group[0], prompt_ids=prefix, cached=held, ids=[])
+            _, cache = self._forward(
+                [probe],
+                torch.tensor([row.ids]),
+                torch.tensor([row.mask]),
+                torch.tensor([row.positions]),
+                with_prefixes([pieces], row.width),
+                None,
+            )
+            mask = torch.tensor([row.mask])
+            self._remember(Batch([probe], cache, mask, [], [0]), [0])
 
     def _share(self, fresh: Batch) -> Batch:
         """Joining rows read what they have in common with the batch's shared block (or,

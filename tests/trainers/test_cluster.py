@@ -104,7 +104,7 @@ def _open_episode_with_a_turn(store_path: Path) -> tuple[str, int] | None:
 
 
 @pytest.mark.slow
-def test_workers_on_two_nodes_play_a_mixture_and_a_killed_worker_fails_only_its_episode(
+def test_workers_on_two_nodes_play_a_mixture_and_a_killed_worker_interrupts_only_its_episode(
     tmp_path, two_nodes
 ):
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agents.engines.base import BASE, POLICY, Completion, SamplingParams
-from agents.engines.batch import END
+from agents.engines.batch import END, common_length
 from agents.engines.embedded import EmbeddedEngine
 from agents.engines.sampling import pick_tokens, sampling_weights
 from tests.agents.engines.conftest import save_random_adapter
@@ -347,6 +347,17 @@ def test_prompts_sharing_a_system_prompt_reuse_its_kv_exactly(warm, cold):
         assert_cold(one, cold, prompt)
 
 
+def test_prompts_arriving_together_prefill_their_common_prefix_once_exactly(warm, cold):
+    prompts = [warm.encode(conversation("together", f"what is {n} * 7?")) for n in range(3)]
+    common = common_length(prompts)
+    submitted = queued_together(warm, lambda: [submit(warm, prompt) for prompt in prompts])
+    ran = [collect(one) for one in submitted]
+    # one prefill of the common prefix went to the prefix cache; each row read it from there
+    assert [one.cached for one in ran] == [common] * 3
+    for prompt, one in zip(prompts, ran, strict=True):
+        assert_cold(one, cold, prompt)
+
+
 def test_a_second_turn_reuses_the_first_turn_whole(warm, cold):
     first_prompt = warm.encode(conversation("turns", "what is 2 + 3?"))
     first = run(warm, first_prompt)
@@ -386,7 +397,9 @@ def test_base_and_policy_rows_reuse_only_their_own_kv(warm, cold, tmp_path):
     submitted = queued_together(warm, lambda: [submit(warm, p, policy) for p, policy in jobs])
     ran = [collect(one) for one in submitted]
     assert ran[0].cached > 0
-    assert ran[1].cached == ran[2].cached == 0  # base KV is not the policy's
+    # base KV is not the policy's: the two policy rows read only the prefix they share,
+    # prefilled once with the policy's weights as they arrived (exact: `assert_cold` below)
+    assert ran[1].cached == ran[2].cached == common_length(prompts)
     again = run(warm, prompts[1], policy=True)
     assert again.cached == len(prompts[1]) - 1  # the policy's own, from the row above
     assert ran[0].logprobs != pytest.approx(ran[1].logprobs, abs=1e-3)
