@@ -343,15 +343,9 @@ class Scheduler:
                 continue
             row = Layout(prefix, held, held, len(prefix) - held)
             probe = replace(group[0], prompt_ids=prefix, cached=held, ids=[])
-            _, cache = self._forward(
-                [probe],
-                torch.tensor([row.ids]),
-                torch.tensor([row.mask]),
-                torch.tensor([row.positions]),
-                with_prefixes([pieces], row.width),
-                None,
-            )
-            mask = torch.tensor([row.mask])
+            mask, positions = torch.tensor([row.mask]), torch.tensor([row.positions])
+            cache = with_prefixes([pieces], row.width)
+            _, cache = self._forward([probe], torch.tensor([row.ids]), mask, positions, cache, None)
             self._remember(Batch([probe], cache, mask, [], [0]), [0])
 
     def _share(self, fresh: Batch) -> Batch:
