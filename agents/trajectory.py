@@ -54,6 +54,11 @@ class SessionStatus(enum.StrEnum):
     INTERRUPTED = "interrupted"
 
 
+BROKE_OFF = (SessionStatus.FAILED, SessionStatus.INTERRUPTED)
+"""The statuses of an episode that broke off before its environment ended it (its env
+instance may be broken too; an evaluation counts it unsolved and `failed`)."""
+
+
 @dataclass(frozen=True)
 class Judgement:
     """What the judge adds to a turn."""

@@ -30,7 +30,7 @@ from agents.compose import sampling_params
 from agents.config import EnvConfig, SamplingConfig
 from agents.rollout import EpisodeSummary, Seat, run_episode
 from agents.store import Store
-from agents.trajectory import SessionStatus
+from agents.trajectory import BROKE_OFF, SessionStatus
 from envs.core import solved
 from trainers.config import EvalConfig
 from trainers.metrics import MetricsWriter
@@ -40,11 +40,6 @@ logger = logging.getLogger(__name__)
 
 EVAL_SEED = 1_000_003
 """Seed of every evaluation episode: the same tasks played the same way at every step."""
-
-BROKE_OFF = (SessionStatus.FAILED, SessionStatus.INTERRUPTED)
-"""How an evaluation episode ends when it broke off: a refused request or a failed env
-(the policy's doing), or a server that failed (an unsolved task all the same: `failed`
-counts both, so that a score taken through a failing server says so)."""
 
 SAMPLE_KEY = "eval_sample"
 """A pass@k sample's index in its session's metadata (greedy episodes have none)."""

@@ -30,7 +30,7 @@ from agents.demonstrations import DEMONSTRATION
 from agents.engines.base import SamplingParams
 from agents.rollout import EpisodeSummary, Seat, run_episode
 from agents.store import Store
-from agents.trajectory import SessionStatus
+from agents.trajectory import BROKE_OFF, SessionStatus
 from trainers.config import RolloutConfig
 from trainers.progress import EpisodeRecord, Progress
 
@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 MakeEnv = Callable[[], gym.Env[Any, Any]]
 
 _IDLE_POLL_S = 0.25
-BROKEN = (SessionStatus.FAILED, SessionStatus.INTERRUPTED)
-"""How an episode ends when its env instance may be broken too."""
 
 
 def next_env(played: Mapping[str, int], weights: Mapping[str, float]) -> str:
@@ -144,7 +142,7 @@ def play_episode(
         )
         return summary, time.monotonic() - started
     finally:
-        healthy = summary is not None and summary.status not in BROKEN
+        healthy = summary is not None and summary.status not in BROKE_OFF
         pool.give_back(env, healthy=healthy)
 
 
