@@ -376,7 +376,7 @@ def rollout_loop(
         config.sampling,
         config.seed,
         progress,
-        has_room=lambda: training.waiting() < config.trainer.backlog,
+        has_room=training.has_room,
     )
 
 

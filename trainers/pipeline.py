@@ -135,14 +135,13 @@ class Pipeline:
         try:
             if self.schedule.eval_before and (self.evaluator is None or not self.evaluator.started):
                 self._evaluate()  # the before, which a resumed run took in its first process
-            if self.warm_start:
-                self._warm_start()
-            self._resume_evaluation()
+            switch_due = self._warm_start() if self.warm_start else False
             if self.rollouts is not None:
                 self.rollouts.start(self.store)
             if overlap:
-                self._run_overlapped()
+                self._run_overlapped(switch_due)
             else:
+                self._evaluate_due(switch_due)
                 self._run_alternating()
             self._evaluate()  # the after
         finally:
@@ -155,11 +154,13 @@ class Pipeline:
         """Asks every loop to finish what it is doing and return."""
         self._stop.set()
 
-    def _warm_start(self) -> None:
+    def _warm_start(self) -> bool:
         """`sft.warm_start_steps` supervised steps before RL (skipped where a resumed run
-        took them), evaluated at their end; then the demonstrations leave the pipeline:
-        their turns, trained or not, are never judged or trained as rollouts. Skipped,
-        with a warning, where no env could demonstrate.
+        took them); then the demonstrations leave the pipeline: their turns, trained or
+        not, are never judged or trained as rollouts. Skipped, with a warning, where no env
+        could demonstrate. Returns whether the switch's evaluation is due (the warm start
+        ended here, or a run stopped during that evaluation takes it up again: the
+        evaluator plays only what it lacks).
 
         Raises:
             DemonstrationsFailed: every demonstration failed (stops the run before RL).
@@ -170,22 +171,22 @@ class Pipeline:
         except NoDemonstrations as none:  # all failed (DemonstrationsFailed): the run stops
             logger.warning("no warm start: %s", none)
             self.total_steps = self.schedule.max_steps
-            return
+            return False
         while self.learner.step_count < self.warm_start:
             self.supervised.step()
-        if self.learner.step_count == self.warm_start:
-            # the switch's evaluation; a run stopped during it takes it up again (the
-            # evaluator plays only what that step's evaluation lacks)
-            self._evaluate()
         self.supervised.retire()
+        return self.learner.step_count == self.warm_start
 
-    def _run_overlapped(self) -> None:
+    def _run_overlapped(self, switch_due: bool = False) -> None:
         loops = [] if self.sft else [self._loop("judge", self.judging.run)]
         if self.rollouts is not None:
             loops.append(self._loop("rollout", self.rollouts.run))
         for loop in loops:
             loop.start()
         try:
+            # The rollouts of the first RL steps play beside the evaluation due now (the
+            # switch's): the same policy version, and the engine decodes both together.
+            self._evaluate_due(switch_due)
             while self.learner.step_count < self.total_steps and not self._stop.is_set():
                 if self._train_step() is None:
                     time.sleep(_IDLE_POLL_S)
@@ -222,11 +223,14 @@ class Pipeline:
                 self._evaluate(between=True)
         return metrics
 
-    def _resume_evaluation(self) -> None:
-        """The evaluation due after the step a resumed run stopped at (`eval.every`), which
-        the stop cut short: the loops take it only after a step they take themselves."""
-        step = self.learner.step_count
-        if self.evaluator is not None and 0 < step < self.total_steps and self.evaluator.due(step):
+    def _evaluate_due(self, switch_due: bool) -> None:
+        """The evaluation due before the loops' first step: the switch to RL's
+        (`switch_due`), or the one after the step a resumed run stopped at (`eval.every`),
+        which the stop cut short: the loops take it only after a step they take themselves."""
+        step, evaluator = self.learner.step_count, self.evaluator
+        if switch_due:
+            self._evaluate()
+        elif evaluator is not None and 0 < step < self.total_steps and evaluator.due(step):
             self._evaluate(between=True)
 
     def _evaluate(self, between: bool = False) -> None:

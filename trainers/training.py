@@ -6,6 +6,7 @@ and write the run's and each env's metrics."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -90,6 +91,10 @@ class TrainLoop:
         """The groups the last selection held (a group left for a later step is seen once)."""
         self._filtered: dict[str, int] = {}
         """Groups `method.filter_groups` dropped since the last step, by env."""
+        self._selecting = threading.Lock()
+        """A step's selection against `prune`'s (the rollout loop's thread)."""
+        self._pruned = (0, 0)
+        """The judged turns and policy version the last `prune` left."""
 
     def waiting(self) -> int:
         """Turns waiting to be trained, less the batch being trained (the rollout plays
@@ -102,34 +107,42 @@ class TrainLoop:
             - self.in_training
         )
 
+    def has_room(self) -> bool:
+        """Whether fewer than `trainer.backlog` turns wait (the rollout loop's pause). A
+        backlog that looks full first loses what no step would train (`prune`): with
+        `method.filter_groups` most groups of a weak policy carry no signal, and while the
+        learner is busy (a step, an evaluation) they filled the backlog and stopped the
+        rollouts, which then started the next batch only when the learner wanted it."""
+        if self.waiting() < self.trainer.backlog:
+            return True
+        self.prune()
+        return self.waiting() < self.trainer.backlog
+
+    def prune(self) -> None:
+        """Drops the ready turns the next step would drop (complete groups without signal
+        under `method.filter_groups`, turns past `trainer.max_staleness`), training
+        nothing. Not where a step chooses among hint candidates first: that choice is the
+        step's to make. Only where something changed since the last pruning (turns judged,
+        a new version): a full backlog of turns it keeps is polled four times a second."""
+        state = (self.store.count_turns(TurnStatus.JUDGED), self.learner.version)
+        if self.choose_hint is not None or not state[0] or state == self._pruned:
+            return
+        with self._selecting:
+            self._select(*self._ready_turns())
+        self._pruned = (self.store.count_turns(TurnStatus.JUDGED), self.learner.version)
+
     def step(self) -> StepMetrics | None:
         """One optimiser step if enough judged turns are ready; None otherwise."""
         # a COUNT first: loading and decoding the judged turns on every poll took a third
         # of a core and the GIL from the engine thread while a batch filled up
         if self.store.count_turns(TurnStatus.JUDGED) < self.trainer.batch_turns:
             return None
-        ready, sessions = self._ready_turns()
-        if len(ready) < self.trainer.batch_turns:
-            return None
-        ready = self._choose_hints(ready)
-        selection = select(
-            ready,
-            sessions,
-            self.method,
-            weights=self.weights,
-            current_version=self.learner.version,
-            max_staleness=self.trainer.max_staleness,
-            encode=self.encode,
-        )
-        # Dropped at once: their groups are complete, so no later turn gives them a signal
-        # (and staleness only grows). Left judged, they filled the backlog and paused the
-        # rollout while the learner waited for turns it could train.
-        self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
-        self.progress.turns_dropped += len(selection.dropped)
-        env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
-        for seq in selection.dropped:
-            self.progress.env(env_of[seq]).turns_dropped += 1
-        self._watch(selection.groups)
+        with self._selecting:
+            ready, sessions = self._ready_turns()
+            if len(ready) < self.trainer.batch_turns:
+                return None
+            ready = self._choose_hints(ready)
+            selection = self._select(ready, sessions)
         if len(selection.samples) < self.trainer.batch_turns:
             return None
         # `batch_turns` a step; the rest stay judged for the next one
@@ -139,6 +152,27 @@ class TrainLoop:
         }
         batch = first_batch(selection.samples, keys, self.trainer.batch_turns)
         return self._train(list(batch), selection, ready, sessions)
+
+    def _select(self, ready: list[tuple[int, Turn]], sessions: Mapping[str, Session]) -> Selection:
+        """The method's samples from the ready turns; what it drops is marked dropped at
+        once: their groups are complete, so no later turn gives them a signal (and
+        staleness only grows), and left judged they would fill the backlog."""
+        selection = select(
+            ready,
+            sessions,
+            self.method,
+            weights=self.weights,
+            current_version=self.learner.version,
+            max_staleness=self.trainer.max_staleness,
+            encode=self.encode,
+        )
+        self.store.mark_trained(selection.dropped, TurnStatus.DROPPED)
+        self.progress.turns_dropped += len(selection.dropped)
+        env_of = {seq: sessions[turn.session_id].env_id for seq, turn in ready}
+        for seq in selection.dropped:
+            self.progress.env(env_of[seq]).turns_dropped += 1
+        self._watch(selection.groups)
+        return selection
 
     def _train(
         self,
@@ -160,8 +194,11 @@ class TrainLoop:
             adapter = self.learner.save_adapter()
             # the step's metrics go into its checkpoint: a kill before they reach
             # metrics.jsonl below loses no row (`trainers.metrics` says the rule)
-            records = self._records(metrics, batch, selection, ready, sessions, staleness_by_env)
-            records = self._with_filtered(records)
+            with self._selecting:  # the tallies `prune` adds to from the rollout's thread
+                records = self._records(
+                    metrics, batch, selection, ready, sessions, staleness_by_env
+                )
+                records = self._with_filtered(records)
             self.learner.save_checkpoint(
                 {
                     "trained_turns": self.progress.turns_trained + len(batch),

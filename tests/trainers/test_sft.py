@@ -19,6 +19,7 @@ from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from tests.trainers.test_run import train
 from trainers.config import RunConfig, SFTConfig, TrainerConfig
+from trainers.evaluation import SAMPLE_KEY
 from trainers.learner import Learner
 from trainers.progress import Progress
 from trainers.sft import (
@@ -165,6 +166,25 @@ def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(
     assert all(t.judgement is None for _, t in turns if t.session_id in demos)
     rollouts = [t.policy_version for _, t in turns if t.session_id not in demos]
     assert rollouts[0] == 2 and set(rollouts) <= {2, 3}
+
+
+def test_the_first_rl_rollouts_play_beside_the_switchs_evaluation(tmp_path):
+    run_dir = tmp_path / "warm"
+    # six evaluation episodes one after another: the rollout loop, started before them,
+    # has its first group under way long before the last of them begins
+    overrides = ("eval.episodes=6", "eval.parallel=1", "eval.before=false")
+    train(run_dir, *WARM_START, *overrides, "trainer.max_steps=1")
+    with Store(run_dir / "store.sqlite") as store:
+        sessions = [store.session(s.session_id) for s in store.sessions()]
+    switch = [
+        s.created_at
+        for s in sessions
+        if s.env_id == "eval/arith" and s.turns and s.turns[0].policy_version == 2
+        if SAMPLE_KEY not in s.metadata  # the greedy episodes (pass@k's samples follow)
+    ]
+    rollouts = [s.created_at for s in sessions if s.group_id is not None and s.env_id == "arith"]
+    assert len(switch) == 6 and rollouts
+    assert min(rollouts) < max(switch)
 
 
 def test_a_run_stopped_during_the_switchs_evaluation_takes_it_up_on_resume(tmp_path):

@@ -106,6 +106,27 @@ def statuses(store):
     return {t.session_id: str(t.status) for _, t in store.turns()}
 
 
+@pytest.mark.parametrize("filter_groups", [True, False])
+def test_a_backlog_of_signal_free_groups_leaves_the_rollout_room(loop, filter_groups):
+    # a backlog of two batches (4 turns): full with two groups that scored the same and one
+    # that did not, as while the learner is busy and takes no step
+    train = loop(batch_turns=2, filter_groups=filter_groups)
+    for name, outcomes in [("u1", [0.0, 0.0]), ("g", [1.0, 0.0]), ("u2", [1.0, 1.0])]:
+        add_group(train.store, name, outcomes)
+    assert train.waiting() == 6
+    # filtered, the uniform groups will never be trained: dropped, they make room; unfiltered
+    # they are a batch's turns at advantage 0 and hold their place
+    assert train.has_room() is filter_groups
+    dropped = {"u1-0", "u1-1", "u2-0", "u2-1"} if filter_groups else set()
+    assert {s for s, status in statuses(train.store).items() if status == "dropped"} == dropped
+    assert train.progress.turns_dropped == len(dropped)
+    assert train.has_room() is filter_groups  # nothing new judged: no second pruning
+    # the step that follows counts the groups the pruning dropped as filtered
+    assert train.step() is not None
+    rows = read_metrics(train.run_dir)
+    assert rows[0]["filtered_groups"] == (2 if filter_groups else 0)
+
+
 def test_a_filtering_step_drops_uniform_groups_and_waits_for_groups_with_a_signal(loop, tmp_path):
     train = loop(batch_turns=2)
     add_group(train.store, "u1", [0.0, 0.0])
