@@ -319,17 +319,22 @@ class Store:
             )
 
     def set_judgement(self, session_id: str, index: int, judgement: Judgement) -> None:
-        """Records the judge's verdict and moves the turn to `judged`."""
+        """Records the judge's verdict and moves a collected turn to `judged`. A turn that
+        left the pipeline meanwhile stays where it is: an `interrupted` session's turns are
+        dropped when it ends, and a judge that read one just before must not bring it back
+        to be trained."""
         self._update_turn(
             session_id,
             index,
-            "votes=?, score=?, hint=?, teacher_logprobs=?, status=?, hint_candidates=?, "
+            "votes=?, score=?, hint=?, teacher_logprobs=?, "
+            "status=CASE WHEN status=? THEN ? ELSE status END, hint_candidates=?, "
             "hint_overlaps=?",
             (
                 to_json(list(judgement.votes)),
                 judgement.score,
                 judgement.hint,
                 pack_logprobs(judgement.teacher_logprobs),
+                str(TurnStatus.COLLECTED),
                 str(TurnStatus.JUDGED),
                 *hint_choice_values(judgement),
             ),

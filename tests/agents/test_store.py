@@ -58,6 +58,19 @@ def test_next_state_judgement_and_statuses_move_a_turn_along(store):
     assert (session.status, session.outcome_reward) == (SessionStatus.DONE, 0.5)
 
 
+def test_a_judgement_that_arrives_after_an_interruption_leaves_the_turn_dropped(store):
+    # the judge read the turn as collected, then its session ended interrupted (a rollout
+    # worker died): the late verdict is kept, the turn is not brought back to be trained
+    store.add_session(Session("s", "e"))
+    store.add_turn(make_turn())
+    store.end_turns([("s", 0)])
+    store.finish_session("s", 0.0, SessionStatus.INTERRUPTED, reason="the worker died")
+    store.set_judgement("s", 0, Judgement(score=1.0))
+    ((_, turn),) = store.turns()
+    assert turn.status == TurnStatus.DROPPED and turn.judgement == Judgement(score=1.0)
+    assert store.count_turns(TurnStatus.JUDGED) == 0
+
+
 def test_a_session_keeps_why_it_ended_beside_its_metadata(store):
     store.add_session(Session("s", "e", metadata={"user": "u1"}))
     store.finish_session("s", 0.0, SessionStatus.TRUNCATED, reason="context")
