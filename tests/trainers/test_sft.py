@@ -19,7 +19,6 @@ from agents.store import Store
 from agents.trajectory import SessionStatus, TurnStatus, TurnType
 from tests.trainers.test_run import train
 from trainers.config import RunConfig, SFTConfig, TrainerConfig
-from trainers.evaluation import SAMPLE_KEY
 from trainers.learner import Learner
 from trainers.progress import Progress
 from trainers.sft import (
@@ -170,9 +169,9 @@ def test_a_warm_start_takes_supervised_steps_then_rl_samples_from_their_adapter(
 
 def test_the_first_rl_rollouts_play_beside_the_switchs_evaluation(tmp_path):
     run_dir = tmp_path / "warm"
-    # six evaluation episodes one after another: the rollout loop, started before them,
-    # has its first group under way long before the last of them begins
-    overrides = ("eval.episodes=6", "eval.parallel=1", "eval.before=false")
+    # six greedy evaluation episodes one after another (no pass@k samples): the rollout
+    # loop, started before them, has its first group under way long before the last begins
+    overrides = ("eval.episodes=6", "eval.parallel=1", "eval.before=false", "eval.pass_k=0")
     train(run_dir, *WARM_START, *overrides, "trainer.max_steps=1")
     with Store(run_dir / "store.sqlite") as store:
         sessions = [store.session(s.session_id) for s in store.sessions()]
@@ -180,7 +179,6 @@ def test_the_first_rl_rollouts_play_beside_the_switchs_evaluation(tmp_path):
         s.created_at
         for s in sessions
         if s.env_id == "eval/arith" and s.turns and s.turns[0].policy_version == 2
-        if SAMPLE_KEY not in s.metadata  # the greedy episodes (pass@k's samples follow)
     ]
     rollouts = [s.created_at for s in sessions if s.group_id is not None and s.env_id == "arith"]
     assert len(switch) == 6 and rollouts
