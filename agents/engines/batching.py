@@ -351,13 +351,19 @@ class Scheduler:
     def _share(self, fresh: Batch) -> Batch:
         """Joining rows read what they have in common with the batch's shared block (or,
         in a batch where no row reads one, a new block picked from them)."""
-        block = self._block if self._batch is not None and any(self._batch.shared) else None
-        block = block or pick_block(fresh)
+        reading = self._batch is not None and any(self._batch.shared)
+        block = self._block if reading else pick_block(fresh)
         if block is None:
             return fresh
         fresh = share(fresh, block)
         if any(fresh.shared):
             self._block = block
+            if self._batch is not None and not reading:
+                # the running rows that start with the new block read it too: one row left
+                # holding the prefix in its own cache keeps every row's cache that wide, and
+                # each step then pays for the block and the padding both (an evaluation
+                # whose first request was admitted alone ran slower with sharing than without)
+                self._batch = share(self._batch, block)
         return fresh
 
     def _step(self) -> None:

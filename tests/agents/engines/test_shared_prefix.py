@@ -194,3 +194,29 @@ def test_no_block_is_read_when_sharing_is_off(engines, monkeypatch):
     calls = count_shared_passes(monkeypatch)
     run_together(cold, [(prompt(cold, f"what is {n} - 1?"), True) for n in range(3)])
     assert calls == []
+
+
+def test_a_row_decoding_before_the_block_was_picked_reads_it_too(engines, monkeypatch):
+    """A row admitted alone (an evaluation's first request, say) is not left holding the
+    prefix in its own cache when others join: that would keep every row's cache as wide."""
+    sharing, cold = engines
+    for engine in (sharing, cold):  # every row decodes to its max: the first is still running
+        monkeypatch.setattr(engine._scheduler, "eos_ids", set())
+    scheduler = sharing._scheduler
+    scheduler.call(lambda: scheduler.prefixes.retain(set()))  # nothing cached: no block alone
+    ids = [prompt(sharing, f"what is {n} + 5?") for n in range(4)]
+    first = queued_together(sharing, lambda: [submit(sharing, ids[0], True)])
+    assert scheduler.call(lambda: scheduler._batch is not None and scheduler._batch.shared == [0])
+    rest = queued_together(sharing, lambda: [submit(sharing, row, True) for row in ids[1:]])
+
+    def layout():
+        batch = scheduler._batch
+        return (len(batch.rows), list(batch.shared), batch.mask.shape[1]) if batch else (0, [], 0)
+
+    rows, shared, width = scheduler.call(layout)
+    while rows < 4:
+        rows, shared, width = scheduler.call(layout)
+    assert all(length >= MIN_SHARED for length in shared)  # the first row's too
+    assert width < len(ids[0]) - MIN_SHARED  # no row's cache holds the prefix any more
+    for row, ran in zip(ids, [collect(one) for one in first + rest], strict=True):
+        assert_alone(cold, row, True, ran)
