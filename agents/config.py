@@ -77,9 +77,8 @@ class EngineConfig:
     share_prefixes: bool = False
     """embedded, on a CPU: rows decoded together read the prompt prefix they have in common
     (an agent's system prompt and tool schemas) from one copy of its KV, not each from its
-    own (cascade attention). Off by default: 1.10x the decode benchmark's rate and faster on
-    one main-job evaluation, but twice as slow on another's (docs/results.md), which is not
-    yet understood."""
+    own (cascade attention). Off by default: 1.10x the decode benchmark's rate and faster
+    decode steps, but a main-job evaluation as a whole not yet faster (docs/results.md)."""
     context_length: int | None = None
     """Longest prompt + completion in tokens; None: the model's own (embedded), 4096 (vllm)."""
     max_loras: int = 2

@@ -21,8 +21,10 @@ per KV head, the prefix read once) and to its row's cache, and the two softmaxes
 joined by their log-sum-exps. On SmolLM2-135M with 64 rows sharing a 270-token system
 prompt that is 26 ms of attention a step against 48 (measured on the 2-core CPU machine;
 1.10x the decode rate of the main job's prompts, `benchmarks/perf/decode.py`), and the rows'
-caches are that much smaller. It is off by default (`engine.share_prefixes`): one main-job
-evaluation ran twice as slow with it, for a reason not yet found.
+caches are that much smaller. It is off by default (`engine.share_prefixes`): a main-job
+evaluation ran twice as slow with it while one row that joined before the block was picked
+kept every row's cache wide (mended), and the evaluation is still not faster as a whole
+(docs/results.md).
 """
 
 from __future__ import annotations

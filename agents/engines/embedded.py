@@ -81,8 +81,8 @@ class EmbeddedEngine:
         share_prefixes: whether rows decoded together read the prompt prefix they have in
             common (a system prompt, tool schemas) from one copy of its KV instead of each
             row's own (`agents.engines.batch`; CPU only, not for vision-language models). Off
-            by default: faster on one main-job evaluation, twice as slow on another
-            (docs/results.md), not yet understood.
+            by default: faster decode steps, but a main-job evaluation as a whole
+            not yet faster (docs/results.md).
     """
 
     def __init__(
