@@ -8,7 +8,8 @@ held once. A row that reads it has those tokens' columns taken out of its own ca
 decode steps attend to the block and to its cache together (`agents.engines.attention.
 SharedPrefix`). The batch holds at most one block, chosen when rows join a batch in which
 no row reads one: the longest prefix the joining rows of one adapter version have in
-common (one row alone: the part of its prompt the prefix cache gave it). A new policy
+common (one row alone: the part of its prompt the prefix cache gave it), and the rows
+already decoding that start with it read it from then on too. A new policy
 version's rows cannot read an older version's block (its KV is another adapter's); they
 read none until the older rows have left and a block of their own is chosen.
 """
