@@ -21,6 +21,7 @@ from tests.agents.engines.conftest import save_random_adapter
 from tests.agents.engines.test_batching import collect, queued_together, submit
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+LONG = SamplingParams(temperature=0.0, max_tokens=64)
 SYSTEM = (
     "You are an agent with a calculator. Call it for every sum, read its result, answer with "
     "the number alone. Never guess, never explain, and stop once you have answered."
@@ -205,7 +206,12 @@ def test_a_row_decoding_before_the_block_was_picked_reads_it_too(engines, monkey
     scheduler = sharing._scheduler
     scheduler.call(lambda: scheduler.prefixes.retain(set()))  # nothing cached: no block alone
     ids = [prompt(sharing, f"what is {n} + 5?") for n in range(4)]
-    first = queued_together(sharing, lambda: [submit(sharing, ids[0], True)])
+
+    def submit_long(engine):  # 64 tokens: still decoding when the others are admitted
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        return engine._scheduler.submit(ids[0], LONG, LONG.max_tokens, None, True, events), events
+
+    first = queued_together(sharing, lambda: [submit_long(sharing)])
     assert scheduler.call(lambda: scheduler._batch is not None and scheduler._batch.shared == [0])
     rest = queued_together(sharing, lambda: [submit(sharing, row, True) for row in ids[1:]])
 
@@ -218,5 +224,9 @@ def test_a_row_decoding_before_the_block_was_picked_reads_it_too(engines, monkey
         rows, shared, width = scheduler.call(layout)
     assert all(length >= MIN_SHARED for length in shared)  # the first row's too
     assert width < len(ids[0]) - MIN_SHARED  # no row's cache holds the prefix any more
-    for row, ran in zip(ids, [collect(one) for one in first + rest], strict=True):
+    ran_first = collect(first[0])
+    alone = collect(queued_together(cold, lambda: [submit_long(cold)])[0])
+    assert ran_first.tokens == alone.tokens
+    assert ran_first.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    for row, ran in zip(ids[1:], [collect(one) for one in rest], strict=True):
         assert_alone(cold, row, True, ran)
