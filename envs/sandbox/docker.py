@@ -34,7 +34,7 @@ import hashlib
 import io
 import logging
 import os
-import select
+import selectors
 import socket
 import tarfile
 import threading
@@ -133,6 +133,25 @@ def _writable_layer(attrs: dict[str, Any]) -> Path | None:
     return None
 
 
+def _read_ahead(raw: Any, sock: socket.socket) -> bytes:
+    """The stream's first bytes where the SDK's HTTP client read them into its buffer with
+    the upgrade's headers: on a busy machine the daemon's answer and the shell's first
+    output arrive in one piece, and reading the socket alone would lose them (the shell's
+    pid line among them, so the sandbox would wait for a shell that had already spoken)."""
+    response = getattr(raw, "_response", None)  # the SDK keeps it there (unix sockets)
+    reader = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if reader is None or not hasattr(reader, "read1"):
+        return b""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)  # what is buffered, or what the socket holds now: never a wait
+    try:
+        return reader.read1(1 << 16) or b""
+    except (OSError, ValueError):
+        return b""
+    finally:
+        sock.settimeout(timeout)
+
+
 class SocketChannel(ShellChannel):
     """A shell reached through a hijacked `docker exec` socket (multiplexed streams)."""
 
@@ -141,8 +160,12 @@ class SocketChannel(ShellChannel):
         # channel lives, because collecting it closes the socket under us.
         self.raw = raw
         self.sock: socket.socket = getattr(raw, "_sock", raw)
-        self.buffer = bytearray()
+        self.buffer = bytearray(_read_ahead(raw, self.sock))
         self.eof = False
+        # epoll, not select(): a process holding a thousand files (a long test session,
+        # a trainer) gets socket numbers past select()'s limit of 1024
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.sock, selectors.EVENT_READ)
 
     def send(self, data: bytes) -> None:
         try:
@@ -155,9 +178,10 @@ class SocketChannel(ShellChannel):
         if chunks or self.eof:
             return chunks or None
         try:
-            ready, _, _ = select.select([self.sock], [], [], timeout)
+            ready = self._selector.select(max(0.0, timeout))
             data = self.sock.recv(1 << 16) if ready else None
-        except (OSError, ValueError):
+        except (OSError, ValueError) as error:  # the socket broke, or close() ran meanwhile
+            logger.debug("docker shell socket: %s", error)
             data = b""
         if data == b"":
             self.eof = True
@@ -178,6 +202,7 @@ class SocketChannel(ShellChannel):
         return chunks
 
     def close(self) -> None:
+        self._selector.close()
         for closable in (self.raw, self.sock):
             try:
                 closable.close()

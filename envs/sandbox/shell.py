@@ -212,7 +212,9 @@ class PersistentShell(ABC):
             if now >= deadline:
                 self._last = (out, err, "timeout")
                 return None
-            chunks = channel.read(min(deadline, check, now + 0.5) - now)
+            # never negative: a disk check skipped while one stream had ended leaves
+            # `check` in the past, and a wait below zero is an error to select()
+            chunks = channel.read(max(0.0, min(deadline, check, now + 0.5) - now))
             if chunks is None:
                 self._check_open()
                 self._last = (out, err, "exited")
