@@ -18,8 +18,9 @@ place (`trainer.share_prefix`, `trainer.pack_turns`). Gradient checkpointing is 
 pass from an estimate of its activations against a memory budget (`gradient_checkpointing`
 auto).
 With `trainer.kl_estimate` the learner keeps a frozen copy of the LoRA weights that RL
-started from and scores the step's tokens under them in one no-grad pass, for an estimate
-of how far the policy has moved (`StepMetrics.kl_to_start`).
+started from and scores some of the step's turns under them (`kl_estimate_turns`, spread
+over the step) in one no-grad pass, for an estimate of how far the policy has moved
+(`StepMetrics.kl_to_start`).
 The pieces live beside it: the records and the learner type in `trainers.learning`, log-probs
 and the layout of passes in `trainers.logprobs`, the model's placement in `trainers.lora`,
 checkpoints on disk in `trainers.checkpoints`.
@@ -61,9 +62,10 @@ from trainers.lora import activation_bytes, lora_model, memory_budget, release_o
 from trainers.losses import (
     clip_fraction,
     clipped_policy_loss,
-    k3_kl,
+    k3_kl_of_scored,
     kl_to_base,
     nll_loss,
+    spread_positions,
 )
 from trainers.topk import TeacherTopK, TopKSettings, set_ids, teacher_topk, topk_loss
 
@@ -188,9 +190,9 @@ class Learner:
                 sums["entropy"] += float(sum(e.sum() for e in entropies))
             return sums
         base = self._base_logprobs(batches) if self.config.kl_weight else None
-        start = None
+        start, start_tokens = None, 0
         if self.start_weights is not None:
-            start = self._start_logprobs(batches, self.start_weights)
+            start, start_tokens = self._start_logprobs(batches, self.start_weights)
             sums["kl_start"] = 0.0
         for index, batch in enumerate(batches):
             self._accumulate(
@@ -200,6 +202,8 @@ class Learner:
                 total,
                 sums,
             )
+        if start is not None:  # a mean over the tokens of the turns it read
+            sums["kl_start"] *= total / max(start_tokens, 1)
         return sums
 
     def _accumulate(
@@ -245,7 +249,7 @@ class Learner:
         loss.backward()
         sums["loss"] += loss.item()
         if start is not None:
-            sums["kl_start"] += k3_kl(prox, pad_rows(start), mask, total).item()
+            sums["kl_start"] += k3_kl_of_scored(prox, start, mask, total)
         sums["entropy"] += float(sum(e.sum() for e in entropies))
         # against the rollout: the ratio to `prox` is 1 all through this single update.
         # Token-weighted: the step's share, however the micro-batches split it.
@@ -408,19 +412,31 @@ class Learner:
 
     def _start_logprobs(
         self, batches: list[list[TrainSample]], weights: dict[str, torch.Tensor]
-    ) -> list[list[torch.Tensor]]:
-        """Log-probs under the LoRA `weights` (RL's start), swapped in for one no-grad pass
-        and back: the tensors trade places, nothing is copied."""
+    ) -> tuple[list[list[torch.Tensor | None]], int]:
+        """Log-probs under the LoRA `weights` (RL's start) of the `kl_estimate_turns` turns
+        the estimate reads (None for the others), and their completion tokens; the weights
+        are swapped in for one no-grad pass and back: the tensors trade places, nothing is
+        copied."""
+        count = sum(len(batch) for batch in batches)
+        read = set(spread_positions(count, self.config.kl_estimate_turns))
         params = self._trainable()
         current = [p.data for _, p in params]
+        scored: list[list[torch.Tensor | None]] = []
+        tokens = position = 0
         try:
             with torch.no_grad():
                 for name, p in params:
                     p.data = weights[name]
-                return [self._logprobs(b) for b in batches]
+                for batch in batches:
+                    picked = [i for i in range(len(batch)) if position + i in read]
+                    rows = iter(self._logprobs([batch[i] for i in picked]) if picked else [])
+                    scored.append([next(rows) if i in picked else None for i in range(len(batch))])
+                    tokens += sum(len(batch[i].completion_ids) for i in picked)
+                    position += len(batch)
         finally:
             for (_, p), data in zip(params, current, strict=True):
                 p.data = data
+        return scored, tokens
 
     # -- publishing and checkpoints ------------------------------------------------------
     def start_from(self, adapter: str | Path) -> Path:

@@ -65,6 +65,28 @@ def k3_kl(
     return ((torch.exp(delta) - delta - 1.0) * mask).sum() / max(total_tokens, 1)
 
 
+def k3_kl_of_scored(
+    logprobs: torch.Tensor, scored: list[torch.Tensor | None], mask: torch.Tensor, total: int
+) -> float:
+    """`k3_kl` over the rows that have reference log-probs (`scored`, None for the rows an
+    estimate does not read), padded to the widest of those."""
+    rows = [index for index, row in enumerate(scored) if row is not None]
+    if not rows:
+        return 0.0
+    present = [row for row in scored if row is not None]
+    reference = torch.nn.utils.rnn.pad_sequence(present, batch_first=True).to(logprobs.device)
+    width = reference.shape[1]
+    return k3_kl(logprobs[rows, :width], reference, mask[rows, :width], total).item()
+
+
+def spread_positions(count: int, wanted: int) -> list[int]:
+    """`wanted` of the positions 0..count-1, evenly spread from the first (all of them when
+    `wanted` is 0 or not below `count`): which of a step's turns an estimate reads."""
+    if wanted <= 0 or wanted >= count:
+        return list(range(count))
+    return [index * count // wanted for index in range(wanted)]
+
+
 def entropy(logprobs: torch.Tensor) -> torch.Tensor:
     """The entropy -sum p log p of each distribution over the last dimension (the
     vocabulary), from its log-probs; a distribution that has stopped exploring has ~0."""

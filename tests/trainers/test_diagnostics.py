@@ -11,7 +11,7 @@ from tests.trainers.test_learner import COMPLETION, PROMPT, make_learner, sample
 from trainers.config import MethodConfig, TrainerConfig
 from trainers.diagnostics import RewardGroups, mean_abs, nonzero_share, variance_share
 from trainers.learner import Learner
-from trainers.losses import entropy, k3_kl
+from trainers.losses import entropy, k3_kl, k3_kl_of_scored, spread_positions
 from trainers.metrics import MetricsWriter, read_metrics, step_rows
 from trainers.progress import Progress, learning_health
 from trainers.samples import RewardWeights
@@ -32,6 +32,23 @@ def test_the_k3_estimate_on_two_tokens():
     assert k3_kl(policy, policy, torch.ones(1, 2), 2).item() == 0.0
     masked = k3_kl(policy, reference, torch.tensor([[1.0, 0.0]]), 1).item()
     assert masked == pytest.approx(LN(2) - 0.5)
+
+
+def test_the_k3_estimate_reads_only_the_rows_it_has_references_for():
+    policy = torch.tensor([[-1.0, -2.0], [-1.0, -1.0]])
+    # row 1's first token alone: d = -1.5 - (-1) = -0.5; exp(-0.5) + 0.5 - 1 over 2 tokens
+    scored = [None, torch.tensor([-1.5])]
+    estimate = k3_kl_of_scored(policy, scored, torch.ones(2, 2), 2)
+    assert estimate == pytest.approx((math.exp(-0.5) - 0.5) / 2)
+    assert k3_kl_of_scored(policy, [None, None], torch.ones(2, 2), 2) == 0.0
+
+
+def test_the_turns_an_estimate_reads_are_spread_from_the_first():
+    assert spread_positions(16, 4) == [0, 4, 8, 12]
+    assert spread_positions(5, 2) == [0, 2]
+    assert spread_positions(3, 4) == [0, 1, 2]  # fewer turns than wanted: all
+    assert spread_positions(3, 0) == [0, 1, 2]  # 0: all
+    assert spread_positions(0, 4) == []
 
 
 def test_the_entropy_of_known_three_way_distributions():
@@ -90,6 +107,28 @@ def test_after_an_sft_warm_start_the_kl_is_to_the_adapter_at_the_switch(tmp_path
     switch = learner.step([sample()])
     assert switch.kl_to_start == pytest.approx(0.0, abs=1e-6)
     assert (learner.step([sample()]).kl_to_start or 0.0) > 1e-4
+
+
+def test_the_kl_estimate_reads_the_spread_turns_alone(tmp_path):
+    # four turns of one length (kept in order), told apart by their last prompt token and
+    # their completions; the estimate of a step that reads two of them equals that of a
+    # step on those two alone, from the same weights (it scores the policy before the step)
+    turns = [
+        sample(seq=i, prompt=(*PROMPT[:-1], 40 + i), completion=(50 + i, 60 + i, 12))
+        for i in range(4)
+    ]
+    figures = {}
+    for name, reads, batch in (
+        ("two of four", 2, turns),
+        ("those two", 0, [turns[0], turns[2]]),
+        ("all four", 0, turns),
+    ):
+        learner = make_learner(tmp_path / name, kl_estimate_turns=reads)
+        learner.step([sample()])  # RL's start, then a step away from it
+        learner.step([sample()])
+        figures[name] = learner.step(batch).kl_to_start
+    assert figures["two of four"] == pytest.approx(figures["those two"], rel=1e-5)
+    assert figures["two of four"] != pytest.approx(figures["all four"], rel=1e-3)
 
 
 def test_the_kl_estimate_is_optional_and_survives_a_resume(tmp_path):
