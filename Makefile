@@ -21,7 +21,8 @@ lint:
 # ruff, mypy, then pytest (the default run skips `slow`); pytest's exit 5, "no tests ran",
 # fails the target like any other failure. pytest runs in TEST_WORKERS processes (xdist; one
 # per core, at most 4): a file's tests stay together, and so do all the tests of a daemon
-# one machine holds once (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+# one machine holds once (tests/conftest.py), and each worker's processes share its part of
+# the cores (OMP_NUM_THREADS). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 test: setup lint
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)

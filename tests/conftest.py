@@ -1,17 +1,41 @@
-"""Shared fixtures: the tiny model and an embedded engine on it, built once per session."""
+"""Shared fixtures: the tiny model and an embedded engine on it, built once per session;
+each xdist worker's share of the cores."""
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 import pytest
 
-from agents.engines.embedded import EmbeddedEngine
+if TYPE_CHECKING:
+    from agents.engines.embedded import EmbeddedEngine
+
+
+def worker_threads() -> int:
+    """The torch threads each test process may use: all the cores in one process, an equal
+    share of them under xdist. Two workers on two cores whose processes each start an
+    OpenMP team of two slow each other down severalfold (the teams wait for workers the
+    other process keeps off a core): nine training tests took 351 s at -n 2 with a team
+    of two a process, 184 s with one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, cores // workers)
+
+
+# Before torch is imported, here and in every process a test starts (runs, servers): the
+# team size is read once, as OpenMP starts. A value the developer set is kept.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
 
 
 @pytest.fixture(scope="session")
 def tiny_engine() -> EmbeddedEngine:
     """The embedded engine on the `tiny` model (random weights: output is noise, but
     token ids and log-probs are real)."""
-    return EmbeddedEngine("tiny", threads=2)
+    from agents.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine("tiny", threads=min(2, worker_threads()))
 
 
 SHARED_DAEMONS = ("docker", "vllm")
