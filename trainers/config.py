@@ -172,8 +172,8 @@ class TrainerConfig:
     Tinker reports None."""
     kl_estimate_turns: int = 4
     """How many of a step's turns `kl_to_start` reads (evenly spread over the step's turns
-    in order of length): the no-grad pass scores only those, a quarter of its cost for a
-    batch of 16. 0: every turn."""
+    in order of length): the no-grad pass scores only those (4 of the main job's 16: a
+    quarter of the turns it scored before). 0: every turn."""
     importance_cap: float = 2.0
     """Truncation of the importance weight of turns from older adapters."""
     max_staleness: int = 2
