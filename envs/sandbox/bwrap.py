@@ -220,6 +220,9 @@ class BwrapSandbox(Sandbox):
     def _process_count(self) -> int | None:
         return self.limits.process_count()
 
+    def _process_limit_hits(self) -> int | None:
+        return self.limits.process_limit_hits()
+
     def _shell_status(self) -> int | None:
         try:
             return None if self._process is None else self._process.wait(timeout=1)

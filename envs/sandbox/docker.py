@@ -46,7 +46,7 @@ from typing import Any
 
 from envs.sandbox.base import Sandbox
 from envs.sandbox.cleanup import LABEL, OWNER_LABEL, owner_label, reap_docker_orphans
-from envs.sandbox.limits import disk_usage
+from envs.sandbox.limits import disk_usage, refused_forks
 from envs.sandbox.processes import kill
 from envs.sandbox.records import DiskUsage, SandboxConfig, SandboxError
 from envs.sandbox.shell import STDERR, STDOUT, ShellChannel
@@ -379,6 +379,10 @@ class DockerSandbox(Sandbox):
             return int(Path(self._pids_file).read_text()) if self._pids_file else None
         except (OSError, ValueError):
             return None
+
+    def _process_limit_hits(self) -> int | None:
+        self._process_count()  # finds the cgroup directory
+        return refused_forks(Path(self._pids_file).parent) if self._pids_file else None
 
     def _shell_status(self) -> int | None:
         try:

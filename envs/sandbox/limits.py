@@ -24,6 +24,8 @@ from envs.sandbox.records import DiskUsage, SandboxConfig
 
 logger = logging.getLogger(__name__)
 
+# Processes RLIMIT_NPROC allows beyond a pids cgroup's limit (see HostLimits._nproc).
+_NPROC_SLACK = 16
 _JOIN = 'for f; do [ "$f" = -- ] && { shift; break; }; echo $$ >"$f"; shift; done; exec "$@"'
 
 
@@ -128,10 +130,17 @@ class HostLimits:
 
     def _nproc(self) -> int:
         """RLIMIT_NPROC counts every process of the uid: a dedicated uid gets the sandbox's
-        own allowance, a shared one (not root) its current processes on top."""
+        own allowance, a shared one (not root) its current processes on top. Beside a pids
+        cgroup the rlimit is a backstop a little above it, so that the cgroup's limit, whose
+        refusals the kernel counts (`process_limit_hits`), is the one a fork bomb meets."""
+        allowance = self.config.max_procs + (_NPROC_SLACK if self._pids_group() else 0)
         if os.geteuid() == 0:
-            return self.config.max_procs
-        return self.config.max_procs + _processes_of(self.uid)
+            return allowance
+        return allowance + _processes_of(self.uid)
+
+    def _pids_group(self) -> _Group | None:
+        """The cgroup that holds the process limit, if the sandbox has one."""
+        return next((g for g in self.groups if any(k == "pids.max" for k, _ in g.settings)), None)
 
     def pids(self) -> set[int]:
         """Host pids of every process in the sandbox's cgroups."""
@@ -153,6 +162,11 @@ class HostLimits:
                 except (OSError, ValueError):
                     continue
         return None
+
+    def process_limit_hits(self) -> int | None:
+        """Forks refused at the sandbox's process limit so far, if it has a pids cgroup."""
+        group = self._pids_group()
+        return None if group is None else refused_forks(group.path)
 
     def close(self) -> None:
         """Removes the cgroups (their processes must have ended)."""
@@ -317,3 +331,17 @@ def _members(paths: Sequence[Path]) -> set[int]:
         except OSError:
             continue
     return members
+
+
+def refused_forks(group: Path) -> int | None:
+    """The `max` count of a pids cgroup's `pids.events` (v1 and v2 alike): how many forks
+    its limit refused. None where the file cannot be read."""
+    try:
+        lines = (group / "pids.events").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "max" and value.strip().isdigit():
+            return int(value)
+    return None

@@ -99,6 +99,7 @@ class PersistentShell(ABC):
         self._cwd = config.workdir
         self._dirty = False  # an exec was interrupted: the shell's state is unknown
         self._last: tuple[StreamEnd, StreamEnd, str] | None = None
+        self._limit_hits_seen: int | None = None  # _process_limit_hits at the last look
 
     # -- backend hooks -----------------------------------------------------------------
     @abstractmethod
@@ -111,6 +112,11 @@ class PersistentShell(ABC):
 
     def _process_count(self) -> int | None:
         """How many processes the sandbox holds now, where the backend can tell cheaply."""
+        return None
+
+    def _process_limit_hits(self) -> int | None:
+        """How many forks the kernel has refused at the sandbox's process limit so far (its
+        pids cgroup's `max` event); None where the backend cannot tell."""
         return None
 
     def _shell_status(self) -> int | None:
@@ -131,6 +137,7 @@ class PersistentShell(ABC):
         if self._channel is not None:
             return
         self._channel = self._open_shell()
+        self._limit_hits_seen = self._process_limit_hits()
         nonce = secrets.token_hex(16)
         dirs = " ".join(_quote(p) for p in self.config.writable)
         # the saved state is the agent's to write: it must not read the lines that follow
@@ -293,10 +300,16 @@ class PersistentShell(ABC):
         return note
 
     def _relieve_process_limit(self) -> str:
-        """Kills every process but the shell when the sandbox is at its process limit; the
-        note for the agent, or "" when it is not."""
+        """Kills every process but the shell when the sandbox is at its process limit, or
+        reached it since the last look; the note for the agent, or "" when neither. The
+        kernel's count of refused forks is what tells: a bomb whose processes give up (bash
+        exits a subshell whose fork failed for 15 s) hovers just under the limit, where the
+        process count alone, read at one instant, can miss it."""
         count = self._process_count()
-        if count is None or count < self.config.max_procs - 4:
+        hits, seen = self._process_limit_hits(), self._limit_hits_seen
+        self._limit_hits_seen = hits
+        refused = hits is not None and seen is not None and hits > seen
+        if not refused and (count is None or count < self.config.max_procs - 4):
             return ""
         self._kill_processes(keep_shell=True)
         return (

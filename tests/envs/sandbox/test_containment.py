@@ -135,6 +135,26 @@ def test_a_fork_bomb_is_contained(sandbox):
     assert_usable(sandbox)
 
 
+# Forks until the kernel refuses one, then kills and reaps every child it made.
+FORK_TO_THE_LIMIT_AND_CLEAN_UP = (
+    "perl -e 'my @kids; while (defined(my $pid = fork)) { if (!$pid) { sleep 60; exit } "
+    "push @kids, $pid } kill 9, @kids; waitpid $_, 0 for @kids; print scalar @kids'"
+)
+
+
+def test_the_limit_reached_is_reported_though_the_processes_are_gone_by_the_end(sandbox):
+    # At the command's end the sandbox is far below its limit: only the kernel's count of
+    # refused forks (the pids cgroup's events) tells that it was reached. A bomb whose
+    # processes give up at the limit is caught the same way when it ebbs at the wrong time.
+    if sandbox._process_limit_hits() is None:
+        pytest.skip("this sandbox has no pids cgroup to count refused forks")
+    result = sandbox.exec(FORK_TO_THE_LIMIT_AND_CLEAN_UP, timeout=30)
+    assert 100 < int(result.stdout) < 128  # the kernel stopped it at the limit
+    assert "[error] the sandbox reached its limit of 128 processes" in result.stderr
+    assert "[error]" not in sandbox.exec("true").stderr  # reported once
+    assert_usable(sandbox)
+
+
 def test_a_memory_bomb_is_contained(sandbox):
     result = sandbox.exec(
         'python3 -c "chunks = []\nwhile True: chunks.append(bytearray(32 * 1024 * 1024))"',
