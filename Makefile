@@ -13,10 +13,15 @@ setup:
 train: setup
 	$(PY) -m trainers.run $(ARGS)
 
+# mypy keeps its cache per user, beside the shared environments ($CLAWGYM_HOME), so a fresh
+# clone re-checks only the modules whose sources differ from what was checked before (a clone
+# of an unchanged tree: 5 s against 105 s here). Entries are validated by content hash.
+MYPY_CACHE_DIR ?= $(or $(CLAWGYM_HOME),$(HOME)/.cache/clawgym)/mypy
+
 lint:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy
+	MYPY_CACHE_DIR="$(MYPY_CACHE_DIR)" $(PY) -m mypy
 
 # ruff, mypy, then pytest (the default run skips `slow`); pytest's exit 5, "no tests ran",
 # fails the target like any other failure. pytest runs in TEST_WORKERS processes (xdist; one
