@@ -217,9 +217,11 @@ def prepare(sandbox: Sandbox, task: TerminalTask) -> None:
     if not task.setup:
         return
     sandbox.write_file("/tmp/.clawgym-setup.sh", task.setup)
+    # `(exit N)` sets the status without ending the sandbox's shell: a bare `exit` there made
+    # every set-up a shell that exited and was replaced (logged as such, a new shell started)
     result = sandbox.exec(
         "bash /tmp/.clawgym-setup.sh >/dev/null 2>&1; status=$?; rm -f /tmp/.clawgym-setup.sh; "
-        "exit $status",
+        "(exit $status)",
         timeout=300,
     )
     failed = task.kind == "harbor" and result.exit_code != 0

@@ -2,14 +2,16 @@
 earns full reward, a do-nothing agent none) on a sample by default and on every shipped
 task under `slow`."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from envs.core import IdleAgent, run_episode
+from envs.sandbox import SandboxError
 from envs.terminal.env import TerminalEnv, TerminalReferenceAgent, load_task_set
-from envs.terminal.grading import Run, grade_icalfa, tfidf_similarity
+from envs.terminal.grading import Run, grade_icalfa, prepare, tfidf_similarity
 from envs.terminal.tasks import SHIPPED, load_icalfa, load_tbench
 
 
@@ -88,6 +90,22 @@ def test_shell_state_persists_across_turns_and_timeouts_are_reported():
         env.task = env.task.__class__(**{**env.task.__dict__, "command_timeout": 1.0})
         observation, *_ = env.step(call("bash", {"command": "sleep 30"}))
         assert "killed after 1 s" in observation[0]["content"]
+    finally:
+        env.close()
+
+
+def test_a_task_set_up_keeps_the_agents_shell_and_a_failed_set_up_is_an_error(backend):
+    # the set-up runs in a child bash: the sandbox's own shell lives on, no new one started
+    env = TerminalEnv(tasks="tbench", sandbox=backend)
+    try:
+        env.reset(options={"task_id": "tbench/count-lines"})
+        shell = env.sandbox.exec("echo $$").stdout
+        task = dataclasses.replace(env.task, setup="echo ready > /tmp/set-up; exit 0")
+        prepare(env.sandbox, task)
+        after = env.sandbox.exec("echo $$; cat /tmp/set-up")
+        assert (after.stdout, after.stderr, after.shell_restarted) == (f"{shell}ready\n", "", False)
+        with pytest.raises(SandboxError, match="setup of tbench/count-lines failed .exit code 3"):
+            prepare(env.sandbox, dataclasses.replace(task, kind="harbor", setup="exit 3"))
     finally:
         env.close()
 
