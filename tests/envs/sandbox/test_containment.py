@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from envs.sandbox import SandboxConfig, SandboxError, make_sandbox
+from envs.sandbox.limits import refused_forks
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -133,6 +134,15 @@ def test_a_fork_bomb_is_contained(sandbox):
     assert "[error] the sandbox reached its limit" in bomb.stderr or bomb.timed_out
     assert subprocess.run(["true"]).returncode == 0  # the host still forks
     assert_usable(sandbox)
+
+
+@pytest.mark.parametrize(
+    ("events", "refused"), [("max 0\n", 0), ("max 17\n", 17), ("", None), (None, None)]
+)
+def test_refused_forks_reads_the_max_line_of_pids_events(tmp_path, events, refused):
+    if events is not None:
+        (tmp_path / "pids.events").write_text(events)
+    assert refused_forks(tmp_path) == refused
 
 
 # Forks until the kernel refuses one, then kills and reaps every child it made.
