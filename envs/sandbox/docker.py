@@ -243,7 +243,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"cannot start a container: {error}") from None
         self._shell_pid = "0"
         self._exec_id = ""
-        self._pids_file: str | None = None
+        self._pids_group = self._find_pids_cgroup()
         self._layer = _writable_layer(self.container.attrs)
         self._keepalive = self._keepalive_pid()
 
@@ -350,39 +350,43 @@ class DockerSandbox(Sandbox):
         """Kills from the host, through the container's cgroup: no process has to start in
         a container that may be at its pids limit (a fork bomb). False where the cgroup
         cannot be read (then the kill runs inside the container)."""
-        self._process_count()  # finds the cgroup directory
-        if not self._pids_file or os.geteuid() != 0:
+        group = self._pids_group
+        if group is None or os.geteuid() != 0:
             return False
         try:
-            members = Path(self._pids_file).with_name("cgroup.procs").read_text().split()
+            members = (group / "cgroup.procs").read_text().split()
         except OSError:
             return False
         spared = _spared(members, keep, self._keepalive)
         for _ in range(3):  # a bomb forks while it is being killed
             kill(int(pid) for pid in members if pid not in spared)
             try:
-                members = Path(self._pids_file).with_name("cgroup.procs").read_text().split()
+                members = (group / "cgroup.procs").read_text().split()
             except OSError:
                 break
         return True
 
+    def _find_pids_cgroup(self) -> Path | None:
+        """The running container's pids cgroup directory on the host (cgroup v1 or v2,
+        cgroupfs or systemd driver); None where it cannot be seen from here."""
+        cid = self.container.id
+        candidates = [
+            Path(f"/sys/fs/cgroup/pids/docker/{cid}"),
+            Path(f"/sys/fs/cgroup/docker/{cid}"),
+            Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope"),
+        ]
+        return next((c for c in candidates if (c / "pids.current").exists()), None)
+
     def _process_count(self) -> int | None:
-        if self._pids_file is None:
-            cid = self.container.id
-            candidates = [
-                f"/sys/fs/cgroup/pids/docker/{cid}/pids.current",
-                f"/sys/fs/cgroup/docker/{cid}/pids.current",
-                f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/pids.current",
-            ]
-            self._pids_file = next((c for c in candidates if os.path.exists(c)), "")
+        group = self._pids_group
         try:
-            return int(Path(self._pids_file).read_text()) if self._pids_file else None
+            return None if group is None else int((group / "pids.current").read_text())
         except (OSError, ValueError):
             return None
 
     def _process_limit_hits(self) -> int | None:
-        self._process_count()  # finds the cgroup directory
-        return refused_forks(Path(self._pids_file).parent) if self._pids_file else None
+        group = self._pids_group
+        return None if group is None else refused_forks(group)
 
     def _shell_status(self) -> int | None:
         try:
