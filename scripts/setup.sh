@@ -86,8 +86,8 @@ if settings.get("cert"):
 PY
 }
 
-# Sets uv=(...) to uv's install command for the venv, configured as pip is; empty where uv cannot be
-# had (or CLAWGYM_USE_PIP=1).
+# Sets uv=(...) to uv's install command for the venv, configured as pip is; empty where uv
+# cannot be had (or CLAWGYM_USE_PIP=1).
 choose_installer() {
     uv=()
     [ "${CLAWGYM_USE_PIP:-0}" = 1 ] && return
