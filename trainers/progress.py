@@ -29,6 +29,8 @@ class EpisodeRecord:
     """done, truncated or failed."""
     reason: str | None = None
     """Why a truncated or failed episode ended."""
+    replay: bool = False
+    """Whether it replayed a task an earlier group played (`rollout.replay_informative`)."""
 
     @property
     def success(self) -> bool:
@@ -109,6 +111,7 @@ def episode_summary(episodes: Sequence[EpisodeRecord]) -> dict[str, Any]:
         "failed": sum(e.status == "failed" for e in episodes),
         "truncated": sum(e.status == "truncated" for e in episodes),
         "interrupted": sum(e.status == "interrupted" for e in episodes),
+        "replayed": sum(e.replay for e in episodes),
     }
 
 

@@ -12,13 +12,14 @@ to a rollout worker on a Ray cluster (`cluster=ray`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -46,6 +47,18 @@ def next_env(played: Mapping[str, int], weights: Mapping[str, float]) -> str:
     over any stretch of the run each env plays about its weight's share. Deterministic (a
     resumed run goes on with the same schedule); ties go to the env listed first."""
     return min(weights, key=lambda name: (played.get(name, 0) + 1) / weights[name])
+
+
+def worth_replaying(group: Sequence[EpisodeSummary], plays_before: int, limit: int) -> bool:
+    """Whether a group's task is queued to be played again (`rollout.replay_informative`):
+    every episode ended as the env decided (none broke off), they earned different rewards
+    from the env (the policy solves it some of the time: a task at the edge of what the
+    policy can do, where a new group most often has a learning signal again), and fewer than
+    `limit` groups have replayed it (`plays_before`: the groups that played it before this
+    one)."""
+    if plays_before >= limit or any(s.status in BROKE_OFF for s in group):
+        return False
+    return len({s.total_reward for s in group}) > 1
 
 
 class EnvPool:
@@ -98,7 +111,21 @@ class EnvSlot:
         self.name, self.config, self.pool = name, config, EnvPool(make)
         self.task_ids: list[str] = []
         self.groups = 0
-        """Groups started so far (and the index of the next one's task)."""
+        """Groups started so far, replays included (their episodes' seeds follow it)."""
+        self.fresh = 0
+        """Fresh tasks started so far: the index in `task_ids` of the next one."""
+        self.replays: collections.deque[tuple[str, int]] = collections.deque()
+        """Tasks to play again (`rollout.replay_informative`), oldest first, each with how
+        many groups have played it."""
+
+    def next_task(self) -> tuple[str, int]:
+        """The next group's task and how many groups played it before: a task queued for a
+        replay first, else the next fresh one."""
+        if self.replays:
+            return self.replays.popleft()
+        task_id = self.task_ids[self.fresh % len(self.task_ids)]
+        self.fresh += 1
+        return task_id, 0
 
     def load_tasks(self, seed: int) -> None:
         """Reads the env's task ids (shuffled by the run's seed)."""
@@ -213,6 +240,9 @@ class RolloutLoop:
         for slot in self.slots.values():
             slot.load_tasks(self.seed)
             slot.groups = played.get(slot.name, 0) // slot.config.group_size
+            # past every task the stopped run started, replays counted as fresh ones: a few
+            # fresh tasks go unplayed, and the replays it had queued are not played
+            slot.fresh = slot.groups
 
     def run(self, stop: threading.Event) -> None:
         """Plays groups until `stop` is set; the first error of any worker stops the
@@ -251,15 +281,19 @@ class RolloutLoop:
             slot = self.slots[next_env({n: s.groups for n, s in self.slots.items()}, weights)]
             number = slot.groups
             slot.groups += 1
+            task_id, plays = slot.next_task()
         size = slot.config.group_size
-        task_id = slot.task_ids[number % len(slot.task_ids)]
         group_id = f"{slot.name}:{task_id}#{uuid.uuid4().hex[:8]}"
         seeds = [self.seed * 100_003 + number * size + i for i in range(size)]
         with ThreadPoolExecutor(size, f"group-{slot.name}") as pool:
             played = list(pool.map(lambda s: self._episode(slot, task_id, group_id, s), seeds))
         for result, wall_s in played:
-            self._count(slot.name, result, wall_s)
-        return [result for result, _ in played]
+            self._count(slot.name, result, wall_s, replay=plays > 0)
+        summaries = [result for result, _ in played]
+        if worth_replaying(summaries, plays, self.config.replay_informative):
+            with self._lock:
+                slot.replays.append((task_id, plays + 1))
+        return summaries
 
     def _episode(
         self, slot: EnvSlot, task_id: str, group_id: str, seed: int
@@ -270,7 +304,7 @@ class RolloutLoop:
             sampling = dataclasses.replace(sampling, max_tokens=slot.config.max_tokens)
         return self.player.play(slot, task_id, group_id, seed, sampling)
 
-    def _count(self, env: str, result: EpisodeSummary, wall_s: float) -> None:
+    def _count(self, env: str, result: EpisodeSummary, wall_s: float, replay: bool) -> None:
         """Records a finished episode; a run of `max_empty_episodes` in a row that gave
         nothing to train on (none played a turn, or their server failed) stops the loop."""
         empty = result.turns == 0 or result.status == SessionStatus.INTERRUPTED
@@ -291,5 +325,6 @@ class RolloutLoop:
                 wall_s=round(wall_s, 3),
                 status=str(result.status),
                 reason=result.error,
+                replay=replay,
             ),
         )

@@ -7,9 +7,9 @@ import pytest
 from agents.config import EnvConfig, SamplingConfig
 from agents.rollout import EpisodeSummary
 from agents.trajectory import SessionStatus
-from trainers.config import RolloutConfig
+from trainers.config import RolloutConfig, validate_rollout
 from trainers.progress import Progress
-from trainers.rollouts import EnvSlot, RolloutLoop
+from trainers.rollouts import EnvSlot, RolloutLoop, worth_replaying
 
 
 class BarrierPlayer:
@@ -121,3 +121,74 @@ def test_a_server_that_stays_down_stops_the_loop_saying_why():
     message = str(stopped.value)
     assert "3 episodes in a row gave nothing to train on" in message
     assert "the last (arith): the episode broke off: InternalServerError: 502" in message
+
+
+def summary(reward, status=SessionStatus.DONE):
+    return EpisodeSummary(
+        session_id="s",
+        task_id="t",
+        total_reward=reward,
+        turns=1,
+        prompt_tokens=5,
+        completion_tokens=3,
+        terminated=status == SessionStatus.DONE,
+        status=status,
+    )
+
+
+def test_a_group_is_worth_replaying_when_its_rewards_differ_and_replays_are_left():
+    split, solved, failed = [summary(1.0), summary(0.0)], [summary(1.0)] * 2, [summary(0.0)] * 2
+    assert worth_replaying(split, plays_before=0, limit=1)
+    assert worth_replaying(split, plays_before=1, limit=2)
+    assert not worth_replaying(split, plays_before=1, limit=1)  # replayed as often as allowed
+    assert not worth_replaying(split, plays_before=0, limit=0)  # replays off
+    assert not worth_replaying(solved, plays_before=0, limit=2)
+    assert not worth_replaying(failed, plays_before=0, limit=2)
+    # a reward next to an episode that broke off says nothing of the policy
+    broken = [summary(1.0), summary(0.0, SessionStatus.INTERRUPTED)]
+    assert not worth_replaying(broken, plays_before=0, limit=2)
+
+
+class TaskRewardPlayer:
+    """Task "a" is solved by the even seeds only (its groups' rewards differ); every other
+    task by none. Records the tasks in the order their groups played them."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def play(self, slot, task_id, group_id, seed, sampling):
+        if not self.tasks or self.tasks[-1][1] != group_id:
+            self.tasks.append((task_id, group_id))
+        reward = 1.0 if task_id == "a" and seed % 2 == 0 else 0.0
+        return summary(reward), 0.0
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(("replays", "order"), [(0, "abcd"), (1, "aabc"), (2, "aaab")])
+def test_a_task_whose_group_split_is_played_again_before_fresh_tasks(replays, order):
+    slot = EnvSlot("arith", EnvConfig(id="clawgym/Arith-v0", group_size=2), make=None)
+    slot.task_ids = ["a", "b", "c", "d"]
+    player = TaskRewardPlayer()
+    loop = RolloutLoop(
+        RolloutConfig(groups_in_flight=1, replay_informative=replays),
+        {"arith": slot},
+        player,
+        SamplingConfig(),
+        seed=0,
+        progress=Progress(),
+        has_room=lambda: True,
+    )
+    for _ in range(4):
+        loop.play_group()
+    assert "".join(task for task, _ in player.tasks) == order
+    assert len({group for _, group in player.tasks}) == 4  # a replay is a group of its own
+    assert slot.groups == 4 and slot.fresh == len(set(order))
+    replayed_groups = len(order) - len(set(order))
+    assert sum(e.replay for e in loop.progress.env("arith").episodes) == 2 * replayed_groups
+
+
+def test_replay_informative_below_zero_is_refused():
+    with pytest.raises(ValueError, match="rollout.replay_informative must be >= 0"):
+        validate_rollout(RolloutConfig(replay_informative=-1))
