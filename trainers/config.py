@@ -327,13 +327,9 @@ class RolloutConfig:
     reward equal, e.g. a policy that never solves) before the run stops; 0: never. Only
     groups of several rollouts count: a single rollout (live, group_size 1) has no variance."""
     replay_informative: int = 0
-    """Times a task is played again by a later group, ahead of fresh tasks, after a group of
-    it earned different rewards from the env (some rollouts solved it, some did not). Such a
-    task sits at the edge of what the policy can do, where a new group of the newer policy
-    most often has a learning signal again, so `method.filter_groups` drops fewer groups and
-    a step needs fewer rollouts. Every replay is played on-policy; 0: every group plays a
-    fresh task. The env's own reward decides (what `judge=env` trains on): an env whose
-    reward is always 0, like Chat-v0's, never replays."""
+    """Times a task is played again (on-policy, ahead of fresh tasks) after a group of it
+    earned different rewards from the env: its next group most often has a signal too, so
+    dynamic sampling drops fewer (`trainers.rollouts.worth_replaying`); 0: never."""
 
 
 def validate_rollout(rollout: RolloutConfig) -> None:
@@ -341,10 +337,8 @@ def validate_rollout(rollout: RolloutConfig) -> None:
     if rollout.groups_in_flight < 1 or rollout.max_empty_episodes < 1:
         raise ValueError("rollout.groups_in_flight and rollout.max_empty_episodes must be >= 1")
     if rollout.replay_informative < 0:
-        raise ValueError(
-            f"rollout.replay_informative must be >= 0 (0: no replays), got "
-            f"{rollout.replay_informative}"
-        )
+        replays = rollout.replay_informative
+        raise ValueError(f"rollout.replay_informative must be >= 0, got {replays}")
     if rollout.max_signalless_groups < 0:
         raise ValueError(
             f"rollout.max_signalless_groups must be >= 0 (0 turns the check off), got "

@@ -190,5 +190,5 @@ def test_a_task_whose_group_split_is_played_again_before_fresh_tasks(replays, or
 
 
 def test_replay_informative_below_zero_is_refused():
-    with pytest.raises(ValueError, match="rollout.replay_informative must be >= 0"):
+    with pytest.raises(ValueError, match="rollout.replay_informative must be >= 0, got -1"):
         validate_rollout(RolloutConfig(replay_informative=-1))
