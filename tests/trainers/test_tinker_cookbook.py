@@ -121,9 +121,11 @@ def test_supervised_train_main_runs_two_steps(server, cookbook_env, tmp_path):
     _assert_lora_b_moved(_trained_adapter(run_dir, tmp_path / "sl"))
 
 
-class EvenTokensEnv(Env):
-    """One chat turn, rewarded by the share of even token ids the policy samples: random
-    samples of the untrained tiny model score differently, so group advantages are non-zero."""
+class TokenIdsEnv(Env):
+    """One chat turn, rewarded by the mean of its token ids modulo 1000, scaled to [0, 1]:
+    distinct random samples of the untrained tiny model all but never tie, so group
+    advantages are non-zero. (A share of even ids, 0 to 8 eighths, once tied in both groups
+    of a step, and the step's gradient was 0.)"""
 
     def __init__(self, renderer: renderers.Renderer):
         self.renderer = renderer
@@ -134,7 +136,7 @@ class EvenTokensEnv(Env):
 
     async def step(self, action, *, extra=None) -> StepResult:
         return StepResult(
-            reward=sum(t % 2 == 0 for t in action) / max(len(action), 1),
+            reward=sum(t % 1000 for t in action) / (999 * max(len(action), 1)),
             episode_done=True,
             next_observation=tinker.ModelInput.empty(),
             next_stop_condition=self.renderer.get_stop_sequences(),
@@ -142,40 +144,40 @@ class EvenTokensEnv(Env):
 
 
 @dataclass(frozen=True)
-class EvenTokensGroup(EnvGroupBuilder):
+class TokenIdsGroup(EnvGroupBuilder):
     model_dir: str
     group_size: int
 
     async def make_envs(self) -> Sequence[Env]:
         renderer = renderers.get_renderer(RENDERER, get_tokenizer(self.model_dir))
-        return [EvenTokensEnv(renderer) for _ in range(self.group_size)]
+        return [TokenIdsEnv(renderer) for _ in range(self.group_size)]
 
 
-class EvenTokensDataset(RLDataset):
+class TokenIdsDataset(RLDataset):
     def __init__(self, model_dir: str, batches: int, groups: int, group_size: int):
         self.model_dir, self.batches = model_dir, batches
         self.groups, self.group_size = groups, group_size
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        return [EvenTokensGroup(self.model_dir, self.group_size) for _ in range(self.groups)]
+        return [TokenIdsGroup(self.model_dir, self.group_size) for _ in range(self.groups)]
 
     def __len__(self) -> int:
         return self.batches
 
 
 @chz.chz
-class EvenTokensBuilder(RLDatasetBuilder):
+class TokenIdsBuilder(RLDatasetBuilder):
     model_dir: str
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        return EvenTokensDataset(self.model_dir, batches=2, groups=2, group_size=4), None
+        return TokenIdsDataset(self.model_dir, batches=2, groups=2, group_size=4), None
 
 
 def test_rl_train_main_runs_two_iterations(server, cookbook_env, tmp_path):
     base_url, run_dir = server
     config = rl_train.Config(
         learning_rate=1e-2,
-        dataset_builder=EvenTokensBuilder(model_dir=_tiny_dir()),
+        dataset_builder=TokenIdsBuilder(model_dir=_tiny_dir()),
         model_name=_tiny_dir(),
         recipe_name="clawgym_test",
         renderer_name=RENDERER,
