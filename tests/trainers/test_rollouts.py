@@ -41,13 +41,12 @@ class BarrierPlayer:
         pass
 
 
-def test_play_groups_plays_groups_in_flight_groups_at_once_and_returns():
-    groups, size = 3, 2
-    slot = EnvSlot("arith", EnvConfig(id="clawgym/Arith-v0", group_size=size), make=None)
-    slot.task_ids = ["a", "b", "c", "d"]
-    player = BarrierPlayer(groups * size)
-    loop = RolloutLoop(
-        RolloutConfig(groups_in_flight=groups),
+def arith_loop(player, config, group_size=2, task_ids=("a", "b", "c", "d")):
+    """A rollout loop over one Arith-v0 slot with these task ids, played by `player`."""
+    slot = EnvSlot("arith", EnvConfig(id="clawgym/Arith-v0", group_size=group_size), make=None)
+    slot.task_ids = list(task_ids)
+    return RolloutLoop(
+        config,
         {"arith": slot},
         player,
         SamplingConfig(),
@@ -55,6 +54,13 @@ def test_play_groups_plays_groups_in_flight_groups_at_once_and_returns():
         progress=Progress(),
         has_room=lambda: True,
     )
+
+
+def test_play_groups_plays_groups_in_flight_groups_at_once_and_returns():
+    groups, size = 3, 2
+    player = BarrierPlayer(groups * size)
+    loop = arith_loop(player, RolloutConfig(groups_in_flight=groups), group_size=size)
+    slot = loop.slots["arith"]
     summaries = loop.play_groups()
     assert len(summaries) == groups * size and not player.barrier.broken
     assert len({group for group, _ in player.played}) == groups
@@ -91,17 +97,8 @@ class ScriptedPlayer:
 
 
 def scripted_loop(script, max_empty_episodes):
-    slot = EnvSlot("arith", EnvConfig(id="clawgym/Arith-v0", group_size=2), make=None)
-    slot.task_ids = ["a", "b"]
-    return RolloutLoop(
-        RolloutConfig(groups_in_flight=1, max_empty_episodes=max_empty_episodes),
-        {"arith": slot},
-        ScriptedPlayer(script),
-        SamplingConfig(),
-        seed=0,
-        progress=Progress(),
-        has_room=lambda: True,
-    )
+    config = RolloutConfig(groups_in_flight=1, max_empty_episodes=max_empty_episodes)
+    return arith_loop(ScriptedPlayer(script), config, task_ids=("a", "b"))
 
 
 def test_an_interrupted_episode_is_counted_and_the_loop_plays_on():
@@ -168,18 +165,9 @@ class TaskRewardPlayer:
 
 @pytest.mark.parametrize(("replays", "order"), [(0, "abcd"), (1, "aabc"), (2, "aaab")])
 def test_a_task_whose_group_split_is_played_again_before_fresh_tasks(replays, order):
-    slot = EnvSlot("arith", EnvConfig(id="clawgym/Arith-v0", group_size=2), make=None)
-    slot.task_ids = ["a", "b", "c", "d"]
     player = TaskRewardPlayer()
-    loop = RolloutLoop(
-        RolloutConfig(groups_in_flight=1, replay_informative=replays),
-        {"arith": slot},
-        player,
-        SamplingConfig(),
-        seed=0,
-        progress=Progress(),
-        has_room=lambda: True,
-    )
+    loop = arith_loop(player, RolloutConfig(groups_in_flight=1, replay_informative=replays))
+    slot = loop.slots["arith"]
     for _ in range(4):
         loop.play_group()
     assert "".join(task for task, _ in player.tasks) == order
