@@ -32,6 +32,11 @@ MIN_SHARED = 32
 """Fewest tokens a row reads from a shared block (below it the row keeps them in its own
 cache: the two-part attention would cost more than it saves)."""
 
+PREFILL_PASS_TOKENS = 32
+"""What one more prefill pass costs, in prompt tokens computed: on SmolLM2-135M (2-core CPU)
+a one-row pass of 28 tokens took 0.14 s and a 20-row pass of 26 columns 1.2 s, so a pass
+costs about 75 ms of its own beside 2.3 ms a column of a row, or 32 columns."""
+
 END = object()
 """Put on a request's queue after its last token."""
 
@@ -182,6 +187,35 @@ def common_length(sequences: Sequence[Sequence[int]]) -> int:
             break
         count += 1
     return count
+
+
+def prefill_passes(
+    widths: Sequence[int], pass_tokens: int = PREFILL_PASS_TOKENS
+) -> list[list[int]]:
+    """Splits the rows of a prefill, of `widths` prompt tokens left to compute each, into
+    passes (indices into `widths`) at the least cost, a pass costing `pass_tokens` plus its
+    rows times its widest row's width: every row of a pass is left-padded to that width,
+    and padding costs as much as a token. An evaluation's next turns (30 new tokens each)
+    that arrive with a rollout whose prompt a new policy version must prefill whole (350)
+    would otherwise all be computed 350 wide.
+
+    Rows of similar width share a pass: in order of width, the best passes are runs of
+    neighbours, found by dynamic programming over where each pass ends (`n` rows: n^2/2
+    steps). Passes come narrowest first.
+    """
+    order = sorted(range(len(widths)), key=widths.__getitem__)
+    best = [0] * (len(order) + 1)
+    start_of = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        widest = widths[order[end - 1]]
+        costs = [best[start] + pass_tokens + (end - start) * widest for start in range(end)]
+        start_of[end] = min(range(end), key=costs.__getitem__)
+        best[end] = costs[start_of[end]]
+    passes, end = [], len(order)
+    while end:
+        passes.append(order[start_of[end] : end])
+        end = start_of[end]
+    return passes[::-1]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ rollouts, would otherwise each compute it (an every-6-steps evaluation of the ma
 76 s in one such prefill of 100 prompts). Entries are keyed by the adapter slot and version that
 computed them (the base model is `(None, 0)`): a newer policy version never reads an older
 one's, and entries of versions no request can bind any more are dropped at the next prefill.
+Requests that arrive together are prefilled in passes of rows with similar amounts left to
+compute (`batch.prefill_passes`): a pass pads each row to its widest (in one pass, a main-job
+evaluation computed 1.56 prefill columns a prompt token).
 
 Shared prefixes: rows that join a batch read the first tokens they have in common with the
 batch's shared block (an agent's system prompt and tool schemas) from that block, not from
@@ -74,6 +77,7 @@ from agents.engines.attention import NAME, SharedPrefix
 from agents.engines.base import SamplingParams
 from agents.engines.batch import (
     MIN_SHARED,
+    PREFILL_PASS_TOKENS,
     Batch,
     EventSink,
     Layout,
@@ -84,6 +88,7 @@ from agents.engines.batch import (
     kv_from,
     merge,
     pick_block,
+    prefill_passes,
     share,
 )
 from agents.engines.kv_layout import with_prefixes
@@ -112,6 +117,8 @@ class Scheduler:
             weights (`agents.engines.merged_lora`).
         share_prefixes: whether rows read the prompt prefix they have in common from one
             shared block (`agents.engines.batch`); only on a CPU model on `NAME`'s attention.
+        prefill_pass_tokens: a prefill pass's own cost in tokens, for splitting the requests
+            that arrive together into passes (`batch.prefill_passes`); None: one pass.
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class Scheduler:
         banned: torch.Tensor | None = None,
         merge_lora: bool = True,
         share_prefixes: bool = False,
+        prefill_pass_tokens: int | None = PREFILL_PASS_TOKENS,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -135,6 +143,10 @@ class Scheduler:
         """Prompt tokens of every request prefilled so far."""
         self.cached_tokens = 0
         """Of those, the tokens whose KV the prefix cache gave (never computed again)."""
+        self.computed_tokens = 0
+        """Columns the prefill passes computed: the other prompt tokens, and the padding
+        that left-pads each row of a pass to its widest row."""
+        self.pass_tokens = prefill_pass_tokens
         self._cond = threading.Condition()
         self.adapters = AdapterTable(model, self._cond, self.call, merge_lora)
         self._waiting: list[Request] = []
@@ -278,31 +290,44 @@ class Scheduler:
     def _admit(self, requests: list[Request]) -> None:
         """Prefills requests into the batch; a prefill that fails fails only its requests.
 
-        The running rows are untouched: their cache changes only at the merge, after the
-        prefill. A group that fails before any of its requests got a token is tried again
-        one request at a time, so that one request's prompt (one too long for memory, say)
-        fails no other.
-        """
+        Each prompt is prefilled after the longest prefix of it the prefix cache holds (all
+        but its last token at most: those logits are needed), in passes (`prefill_passes`);
+        the running rows' cache changes only at the merge after a pass. A pass that fails
+        before any of its requests got a token is tried again a request at a time: one
+        request's prompt (one too long for memory, say) fails no other."""
         try:
-            self._prefill(requests)
+            self.prefixes.retain(self._live_keys())
+            self._prefill_common(requests)
+            held = []
+            for request in requests:
+                key = (request.adapter, request.version)
+                request.cached, pieces = self.prefixes.match(key, request.prompt_ids[:-1])
+                held.append(pieces)
         except Exception as error:
-            if len(requests) > 1 and not any(r.ids for r in requests):
-                for request in requests:
-                    self._admit([request])
-                return
-            logger.exception("prefill failed")
-            self._fail(requests, error)
+            self._admit_failed(requests, error)
+            return
+        widths = [len(r.prompt_ids) - r.cached for r in requests]
+        passes = [list(range(len(requests)))]
+        if self.pass_tokens is not None:
+            passes = prefill_passes(widths, self.pass_tokens)
+        for rows in passes:
+            chosen = [requests[row] for row in rows]
+            try:
+                self._prefill(chosen, [held[row] for row in rows])
+            except Exception as error:
+                self._admit_failed(chosen, error)
 
-    def _prefill(self, requests: list[Request]) -> None:
-        """Prefills each prompt after the longest prefix of it the prefix cache holds
-        (all but its last token at most: those logits are needed)."""
-        self.prefixes.retain(self._live_keys())
-        self._prefill_common(requests)
-        pieces = []
-        for request in requests:
-            key = (request.adapter, request.version)
-            request.cached, held = self.prefixes.match(key, request.prompt_ids[:-1])
-            pieces.append(held)
+    def _admit_failed(self, requests: list[Request], error: Exception) -> None:
+        if len(requests) > 1 and not any(r.ids for r in requests):
+            for request in requests:
+                self._admit([request])
+            return
+        logger.error("prefill failed", exc_info=error)
+        self._fail(requests, error)
+
+    def _prefill(self, requests: list[Request], pieces: list[list[torch.Tensor]]) -> None:
+        """One pass over the requests' prompts after their `cached` tokens, whose KV
+        (`pieces`) comes from the prefix cache; the requests join the batch."""
         past = max(r.cached for r in requests)
         width = max(len(r.prompt_ids) - r.cached for r in requests)
         rows = [Layout(r.prompt_ids, r.cached, past, width) for r in requests]
@@ -313,6 +338,7 @@ class Scheduler:
         logprobs, cache = self._forward(requests, ids, mask, positions, cache, None)
         self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
         self.cached_tokens += sum(r.cached for r in requests)
+        self.computed_tokens += ids.numel()
         fresh = Batch(requests, cache, mask, [], [0] * len(requests))
         self._remember(fresh, range(len(requests)))
         done = self._sample(fresh, logprobs)

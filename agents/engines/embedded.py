@@ -53,7 +53,7 @@ from agents.engines.base import (
     check_adapter,
     completion_room,
 )
-from agents.engines.batch import END, EventSink, Request
+from agents.engines.batch import END, PREFILL_PASS_TOKENS, EventSink, Request
 from agents.engines.batching import Scheduler
 from agents.engines.char_bound import char_bound, request_chars
 from agents.engines.detokenize import Detokenizer
@@ -83,6 +83,8 @@ class EmbeddedEngine:
             row's own (`agents.engines.batch`; CPU only, not for vision-language models). Off
             by default: faster decode steps, but a main-job evaluation as a whole
             not yet faster (docs/results.md).
+        split_prefills: whether requests that arrive together are prefilled in passes of
+            similar widths (`agents.engines.batch.prefill_passes`), not all in one.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class EmbeddedEngine:
         image_limits: vision.ImageLimits | None = None,
         merge_lora: bool = True,
         share_prefixes: bool = False,
+        split_prefills: bool = True,
     ):
         if threads is not None:
             torch.set_num_threads(threads)
@@ -120,15 +123,18 @@ class EmbeddedEngine:
             torch.tensor(vision.markup_ids(self.model.config)) if self.pixels else None,
             merge_lora,
             share_prefixes and self.pixels is None,
+            PREFILL_PASS_TOKENS if split_prefills else None,
         )
 
     @property
     def policy_version(self) -> int:
         return self._scheduler.adapters.policy[1]
 
-    def prefill_counts(self) -> tuple[int, int]:
-        """(prompt tokens prefilled so far, those of them whose KV the prefix cache gave)."""
-        return self._scheduler.prompt_tokens, self._scheduler.cached_tokens
+    def prefill_counts(self) -> tuple[int, int, int]:
+        """(prompt tokens prefilled so far, those of them whose KV the prefix cache gave,
+        columns the prefill passes computed: the other prompt tokens and their padding)."""
+        scheduler = self._scheduler
+        return scheduler.prompt_tokens, scheduler.cached_tokens, scheduler.computed_tokens
 
     @property
     def _peft(self) -> Any:

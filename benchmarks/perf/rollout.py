@@ -194,7 +194,10 @@ def server_sample(engine: Engine) -> dict[str, float]:
 def prefill_counts(engine: Engine) -> tuple[int, int]:
     """The embedded engine's (prompt tokens prefilled, of them the prefix cache's) so far;
     (0, 0) for another engine."""
-    return engine.prefill_counts() if isinstance(engine, EmbeddedEngine) else (0, 0)
+    if not isinstance(engine, EmbeddedEngine):
+        return 0, 0
+    prompt, cached, _ = engine.prefill_counts()
+    return prompt, cached
 
 
 def bwrap_works() -> bool:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agents.engines.base import BASE, POLICY, Completion, SamplingParams
-from agents.engines.batch import END, common_length
+from agents.engines.batch import END, common_length, prefill_passes
 from agents.engines.embedded import EmbeddedEngine
 from agents.engines.sampling import pick_tokens, sampling_weights
 from tests.agents.engines.conftest import save_random_adapter
@@ -437,3 +437,39 @@ def test_a_prefix_cache_over_its_bound_evicts_and_stays_exact(cold):
         assert run(small, prompts[0]).cached < len(prompts[0]) - 1
     finally:
         small.close()
+
+
+@pytest.mark.parametrize(
+    ("widths", "passes"),
+    [
+        ([], []),
+        ([30, 30, 30], [[0, 1, 2]]),
+        # one pass: 32 + 2 x 40 = 112 columns; two: 32 + 30 + 32 + 40 = 134
+        ([30, 40], [[0, 1]]),
+        # one pass: 32 + 4 x 300 = 1232; the long row alone: 32 + 3 x 30 + 32 + 300 = 454
+        ([300, 30, 30, 30], [[1, 2, 3], [0]]),
+        ([10, 200, 12, 210], [[0, 2], [1, 3]]),
+    ],
+)
+def test_prefill_passes_on_hand_computed_costs(widths, passes):
+    assert prefill_passes(widths, pass_tokens=32) == passes
+
+
+def test_rows_of_very_different_widths_are_prefilled_in_passes_exactly(warm, cold):
+    """Three next turns (all but a few tokens cached) arrive with a long prompt nothing
+    of which is cached: the long one is prefilled alone, not as wide as the others."""
+    firsts = [warm.encode(conversation("passes", f"what is {n} - 1?")) for n in range(3)]
+    follow_up = warm.encode([{"role": "user", "content": "and plus 2?"}])
+    seconds = [prompt + run(warm, prompt).tokens + follow_up for prompt in firsts]
+    long = warm.tokenizer("a long prompt of its own, nothing cached: " + "seven " * 120)
+    prompts = [*seconds, long["input_ids"]]
+    before = warm._scheduler.computed_tokens
+    submitted = queued_together(warm, lambda: [submit(warm, prompt) for prompt in prompts])
+    ran = [collect(one) for one in submitted]
+    widths = [len(prompt) - one.cached for prompt, one in zip(prompts, ran, strict=True)]
+    assert widths[3] == len(prompts[3]) and max(widths[:3]) < 32
+    computed = warm._scheduler.computed_tokens - before
+    assert computed == 3 * max(widths[:3]) + widths[3]  # two passes, each as wide as its widest
+    assert computed < 4 * widths[3]  # what one pass would have computed
+    for prompt, one in zip(prompts, ran, strict=True):
+        assert_cold(one, cold, prompt)
