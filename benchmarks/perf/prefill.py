@@ -85,7 +85,7 @@ def wave(
         prompt + [token for token, _ in reply] + follow_up
         for prompt, reply in zip(prompts, replies, strict=True)
     ]
-    computed = engine._scheduler.computed_tokens
+    computed = engine.prefill_counts()[2]
     started = time.perf_counter()
     queues = queue_all(engine, seconds, args.tokens)
     firsts = [q.get(timeout=600) for q in queues]
@@ -94,7 +94,7 @@ def wave(
     return {
         "prefill_s": prefilled,
         "wave_s": time.perf_counter() - started,
-        "columns": engine._scheduler.computed_tokens - computed,
+        "columns": engine.prefill_counts()[2] - computed,
         "prompt_tokens": sum(len(ids) for ids in seconds),
         "rows": rows,
     }
